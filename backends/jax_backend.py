@@ -1,0 +1,300 @@
+"""JAX adapter: XLA's GPU client, configured only through its environment.
+
+JAX reads ``XLA_*`` variables once, when its backend starts (the first op or
+``jax.devices()``), and silently ignores them afterwards. unimem detects that
+phase and raises ``TooLateError`` instead of setting a variable nobody reads.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, ClassVar
+
+from unimem.config import Settings
+from unimem.errors import ConfigError, UnimemWarning
+from unimem.stats import MemoryStats
+from unimem.support import Level, Phase, Support, When
+
+from . import nvml_backend
+from .base import STATUS_SKIPPED, Backend, Step, env_step
+
+__all__ = ["JaxBackend"]
+
+PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+ALLOCATOR = "XLA_PYTHON_CLIENT_ALLOCATOR"
+FRACTION_NEW = "XLA_CLIENT_MEM_FRACTION"
+FRACTION_OLD = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+_ALLOCATOR_VALUES = {"default": None, "async": "cuda_async", "uncached": "platform"}
+_FIX = "set it before JAX's first operation (or jax.devices()), or restart the process"
+
+
+def fraction_variable() -> str:
+    """The memory-fraction variable the installed jaxlib reads.
+
+    jaxlib renamed XLA_PYTHON_CLIENT_MEM_FRACTION to XLA_CLIENT_MEM_FRACTION and
+    raises if both are set. Ask the installed jaxlib's own source, without importing it.
+    """
+    try:
+        spec = importlib.util.find_spec("jaxlib")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            source = Path(location) / "xla_client.py"
+            try:
+                if FRACTION_NEW in source.read_text(encoding="utf-8", errors="replace"):
+                    return FRACTION_NEW
+            except OSError:
+                continue
+    return FRACTION_OLD
+
+
+def _cuda_plugin_installed() -> bool:
+    """Whether this JAX can see an NVIDIA GPU at all (a CUDA PJRT plugin is installed)."""
+    for name in (
+        "jax_plugins.xla_cuda13",
+        "jax_plugins.xla_cuda12",
+        "jax_cuda13_plugin",
+        "jax_cuda12_plugin",
+    ):
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except (ImportError, ValueError):
+            continue
+    return False
+
+
+class JaxBackend(Backend):
+    name = "jax"
+    module = "jax"
+    distributions = ("jax",)
+    CAPABILITIES: ClassVar[dict[str, Support]] = {
+        "fraction": Support(
+            Level.ENV,
+            "XLA_CLIENT_MEM_FRACTION (XLA_PYTHON_CLIENT_MEM_FRACTION before the rename)",
+            When.BEFORE_INIT,
+            "the name is picked from the installed jaxlib; it is the pool's limit and, "
+            "with preallocation, its size",
+        ),
+        "limit": Support(
+            Level.ENV,
+            "XLA_CLIENT_MEM_FRACTION = limit / device total",
+            When.BEFORE_INIT,
+            "converted with NVML's device total: needs nvidia-ml-py",
+        ),
+        "growth": Support(Level.ENV, f"{PREALLOCATE}=false", When.BEFORE_INIT),
+        "preallocate": Support(
+            Level.ENV,
+            f"{PREALLOCATE}=true",
+            When.BEFORE_INIT,
+            "JAX's default: 75% of the device at the first op",
+        ),
+        "allocator.default": Support(Level.ENV, f"{ALLOCATOR} unset (BFC)", When.BEFORE_INIT),
+        "allocator.async": Support(Level.ENV, f"{ALLOCATOR}=cuda_async", When.BEFORE_INIT),
+        "allocator.expandable": Support(Level.UNSUPPORTED, note="XLA has no expandable-segments allocator"),
+        "allocator.uncached": Support(
+            Level.ENV, f"{ALLOCATOR}=platform", When.BEFORE_INIT, "slow; memory_stats() then answers None"
+        ),
+        "devices": Support(Level.ENV, "CUDA_VISIBLE_DEVICES", When.BEFORE_INIT),
+        "stats.allocated": Support(
+            Level.NATIVE,
+            "Device.memory_stats()['bytes_in_use']",
+            note="None with the platform allocator and on the CPU",
+        ),
+        "stats.reserved": Support(Level.NATIVE, "Device.memory_stats()['pool_bytes']"),
+        "stats.peak": Support(
+            Level.NATIVE, "Device.memory_stats()['peak_bytes_in_use'] / ['peak_pool_bytes']"
+        ),
+        "stats.limit": Support(Level.NATIVE, "Device.memory_stats()['bytes_limit']"),
+        "stats.largest_free_block": Support(
+            Level.NATIVE, "Device.memory_stats()['largest_free_block_bytes']"
+        ),
+        "stats.num_allocs": Support(
+            Level.NATIVE, "Device.memory_stats()['num_allocs']", note="no OOM counter: num_ooms is None"
+        ),
+        "stats.device": Support(Level.NATIVE, "NVML"),
+        "stats.process_used": Support(Level.NATIVE, "NVML (nvmlDeviceGetComputeRunningProcesses)"),
+        "reset_peak": Support(
+            Level.EMULATED,
+            "(baseline of peak_bytes_in_use)",
+            note="XLA cannot reset its peak: after reset_peak() the peak is known only once it "
+            "passes the old one, and reads None until then",
+        ),
+        "clear_cache": Support(
+            Level.EMULATED,
+            "gc.collect() + jax.clear_caches()",
+            note="the BFC pool never shrinks, so this returns 0 unless allocator='uncached'",
+        ),
+    }
+
+    def __init__(self) -> None:
+        self._devices: list[Any] | None = None
+        self._peak_baseline: dict[int, int] = {}
+
+    def phase(self) -> Phase:
+        if "jax" not in sys.modules:
+            return Phase.NOT_IMPORTED
+        bridge = sys.modules.get("jax._src.xla_bridge")
+        if bridge is None:
+            return Phase.IMPORTED
+        started = getattr(bridge, "backends_are_initialized", None)
+        if started is not None:
+            return Phase.INITIALIZED if started() else Phase.IMPORTED
+        return Phase.INITIALIZED if getattr(bridge, "_backends", None) else Phase.IMPORTED
+
+    # --- configuration --------------------------------------------------------
+    def plan(self, settings: Settings) -> list[Step]:
+        phase = self.phase()
+        steps: list[Step] = []
+
+        def env(setting: str, value: object, var: str, new: str | None, note: str = "") -> Step:
+            return env_step(
+                "jax", setting, value, var, new, phase=phase, when=When.BEFORE_INIT, fix=_FIX, note=note
+            )
+
+        if settings.devices is not None:
+            steps.append(
+                env(
+                    "devices",
+                    list(settings.devices),
+                    "CUDA_VISIBLE_DEVICES",
+                    ",".join(map(str, settings.devices)),
+                )
+            )
+        if settings.fraction is not None or settings.limit is not None:
+            steps.extend(self._plan_cap(settings, env))
+        if settings.growth is not None:
+            steps.append(env("growth", settings.growth, PREALLOCATE, "false" if settings.growth else "true"))
+        if settings.allocator is not None:
+            if settings.allocator == "expandable":
+                steps.append(
+                    Step(
+                        "jax",
+                        "allocator",
+                        "expandable",
+                        "none",
+                        ALLOCATOR,
+                        unsupported="XLA has no expandable-segments allocator; use 'async' or 'default'",
+                    )
+                )
+            else:
+                steps.append(
+                    env("allocator", settings.allocator, ALLOCATOR, _ALLOCATOR_VALUES[settings.allocator])
+                )
+        return steps
+
+    def _plan_cap(self, settings: Settings, env: Any) -> list[Step]:
+        var = fraction_variable()
+        other = FRACTION_OLD if var == FRACTION_NEW else FRACTION_NEW
+        if settings.fraction is not None:
+            setting, value, fraction = "fraction", settings.fraction, settings.fraction
+            note = ""
+        else:
+            assert settings.limit is not None
+            setting, value = "limit", settings.limit
+            total = nvml_backend.device_figures(0)[0]
+            if total is None:
+                if not _cuda_plugin_installed():
+                    return [
+                        Step(
+                            "jax",
+                            "limit",
+                            value,
+                            "env",
+                            var,
+                            status=STATUS_SKIPPED,
+                            note="this JAX has no CUDA plugin: there is no GPU memory to cap",
+                        )
+                    ]
+                raise ConfigError(
+                    "limit",
+                    "JAX takes a cap only as a fraction of device memory and the device total is "
+                    f"unknown here ({nvml_backend.nvml_status()}); pass fraction= instead, "
+                    "or install nvidia-ml-py",
+                )
+            if settings.limit > total:
+                raise ConfigError("limit", f"{settings.limit} bytes is more than the device's {total} bytes")
+            fraction = settings.limit / total
+            note = f"{settings.limit} / {total} bytes (NVML device total)"
+        steps = [env(setting, value, var, f"{fraction:.6g}", note)]
+        if os.environ.get(other) is not None:
+            # Both names set makes newer jaxlib raise at backend start.
+            steps.append(env(setting, value, other, None, f"{other} is the other name for {var}"))
+        return steps
+
+    # --- queries ----------------------------------------------------------------
+    def _device(self, device: int) -> Any | None:
+        if self._devices is None:
+            self._devices = list(sys.modules["jax"].local_devices())
+        if device >= len(self._devices):
+            return None
+        return self._devices[device]
+
+    def _raw_stats(self, device: int) -> dict[str, int] | None:
+        if self.phase() is not Phase.INITIALIZED:
+            return None  # asking would start the backend (and preallocate 75% of the GPU)
+        dev = self._device(device)
+        return None if dev is None else dev.memory_stats()
+
+    def stats(self, device: int = 0) -> MemoryStats:
+        total, free, used = nvml_backend.device_figures(device)
+        raw = self._raw_stats(device)
+        if not raw:
+            return MemoryStats("jax", device, device_total=total, device_free=free, process_used=used)
+        peak = raw.get("peak_bytes_in_use")
+        baseline = self._peak_baseline.get(device)
+        if baseline is not None and peak is not None and peak <= baseline:
+            peak = None  # the peak since reset_peak() is unknown until it passes the old one
+        reserved = raw.get("pool_bytes", raw.get("bytes_reserved"))
+        return MemoryStats(
+            "jax",
+            device,
+            allocated=raw.get("bytes_in_use"),
+            reserved=reserved,
+            peak_allocated=peak,
+            peak_reserved=raw.get("peak_pool_bytes", raw.get("peak_bytes_reserved")),
+            limit=raw.get("bytes_limit"),
+            largest_free_block=raw.get("largest_free_block_bytes"),
+            num_allocs=raw.get("num_allocs"),
+            device_total=total,
+            device_free=free,
+            process_used=used,
+        )
+
+    def reset_peak(self, device: int = 0) -> None:
+        raw = self._raw_stats(device)
+        if raw and "peak_bytes_in_use" in raw:
+            self._peak_baseline[device] = int(raw["peak_bytes_in_use"])
+
+    def clear_cache(self, device: int = 0) -> int:
+        if self.phase() is not Phase.INITIALIZED:
+            return 0
+        before_stats = self._raw_stats(device)
+        before_process = nvml_backend.device_figures(device)[2]
+        gc.collect()  # arrays kept alive only by reference cycles
+        sys.modules["jax"].clear_caches()  # compiled executables and their constants
+        after_stats = self._raw_stats(device)
+        if before_stats and after_stats and "pool_bytes" in before_stats:
+            given = before_stats["pool_bytes"] - after_stats.get("pool_bytes", before_stats["pool_bytes"])
+        else:
+            after_process = nvml_backend.device_figures(device)[2]
+            given = 0 if before_process is None or after_process is None else before_process - after_process
+        if given <= 0 and before_stats is not None:
+            warnings.warn(
+                "jax: XLA's BFC allocator keeps its pool until the process exits; "
+                "configure allocator='uncached' for memory that returns on free",
+                UnimemWarning,
+                stacklevel=3,
+            )
+        return max(0, given)
+
+    def describe_devices(self) -> list[str]:
+        if self.phase() is not Phase.INITIALIZED:
+            return []
+        return [str(d) for d in sys.modules["jax"].local_devices()]

@@ -1,0 +1,336 @@
+"""TensorFlow adapter: ``tf.config`` before the runtime starts, env vars before import.
+
+TF has no public "is initialised" query; the eager context's handle is what TF
+itself checks before raising "Physical devices cannot be modified after being
+initialized", so unimem reads the same handle.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any, ClassVar
+
+from unimem.config import Settings
+from unimem.errors import ConfigError, UnimemWarning
+from unimem.stats import MemoryStats
+from unimem.support import Level, Phase, Support, When
+
+from . import nvml_backend
+from .base import STATUS_PENDING, STATUS_SKIPPED, STATUS_UNCHANGED, Backend, Step, env_step, when_imported
+
+__all__ = ["TensorFlowBackend"]
+
+GROWTH_VAR = "TF_FORCE_GPU_ALLOW_GROWTH"
+ALLOCATOR_VAR = "TF_GPU_ALLOCATOR"
+_FIX = "configure before TensorFlow runs its first op, or restart the process"
+_LATE = "TensorFlow's runtime already started (its devices are fixed until the process exits); " + _FIX
+_MIB = 1 << 20
+
+
+class TensorFlowBackend(Backend):
+    name = "tensorflow"
+    module = "tensorflow"
+    distributions = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
+    CAPABILITIES: ClassVar[dict[str, Support]] = {
+        "fraction": Support(
+            Level.NATIVE,
+            "tf.config.set_logical_device_configuration(gpu, [LogicalDeviceConfiguration(memory_limit=MiB)])",
+            When.BEFORE_INIT,
+            "memory_limit = fraction × NVML's device total; excludes growth=True",
+        ),
+        "limit": Support(
+            Level.NATIVE,
+            "tf.config.set_logical_device_configuration(gpu, [LogicalDeviceConfiguration(memory_limit=MiB)])",
+            When.BEFORE_INIT,
+            "excludes growth=True",
+        ),
+        "growth": Support(
+            Level.NATIVE,
+            f"tf.config.experimental.set_memory_growth ({GROWTH_VAR}=true before import)",
+            When.BEFORE_INIT,
+        ),
+        "preallocate": Support(
+            Level.NATIVE,
+            "tf.config.experimental.set_memory_growth(gpu, False)",
+            When.BEFORE_INIT,
+            "TF's default",
+        ),
+        "allocator.default": Support(Level.ENV, f"{ALLOCATOR_VAR} unset (BFC)", When.BEFORE_INIT),
+        "allocator.async": Support(Level.ENV, f"{ALLOCATOR_VAR}=cuda_malloc_async", When.BEFORE_INIT),
+        "allocator.expandable": Support(Level.UNSUPPORTED, note="TF has no expandable-segments allocator"),
+        "allocator.uncached": Support(
+            Level.UNSUPPORTED, note="TF has no allocator that returns memory on free"
+        ),
+        "devices": Support(
+            Level.NATIVE,
+            "tf.config.set_visible_devices (CUDA_VISIBLE_DEVICES before import)",
+            When.BEFORE_INIT,
+        ),
+        "stats.allocated": Support(Level.NATIVE, "tf.config.experimental.get_memory_info: current"),
+        "stats.reserved": Support(Level.UNSUPPORTED, note="get_memory_info has no pool size"),
+        "stats.peak": Support(
+            Level.NATIVE, "tf.config.experimental.get_memory_info: peak", note="peak_reserved is None"
+        ),
+        "stats.limit": Support(
+            Level.EMULATED, "(the memory_limit unimem set)", note="None when unimem set no cap"
+        ),
+        "stats.largest_free_block": Support(Level.UNSUPPORTED, note="TF does not expose its BFC bins"),
+        "stats.num_allocs": Support(Level.UNSUPPORTED, note="TF does not expose allocation counts"),
+        "stats.device": Support(Level.NATIVE, "NVML"),
+        "stats.process_used": Support(Level.NATIVE, "NVML (nvmlDeviceGetComputeRunningProcesses)"),
+        "reset_peak": Support(Level.NATIVE, "tf.config.experimental.reset_memory_stats"),
+        "clear_cache": Support(
+            Level.UNSUPPORTED, note="nothing frees TF's pool short of process exit; clear_cache() returns 0"
+        ),
+    }
+
+    def __init__(self) -> None:
+        self._limits: dict[int, int] = {}  # memory_limit unimem set, per GPU, in bytes
+
+    def phase(self) -> Phase:
+        if "tensorflow" not in sys.modules:
+            return Phase.NOT_IMPORTED
+        context = sys.modules.get("tensorflow.python.eager.context")
+        ctx = None if context is None else context.context_safe()
+        if ctx is not None and getattr(ctx, "_context_handle", None) is not None:
+            return Phase.INITIALIZED
+        return Phase.IMPORTED
+
+    def _gpus(self) -> list[Any]:
+        return list(sys.modules["tensorflow"].config.list_physical_devices("GPU"))
+
+    # --- configuration -----------------------------------------------------
+    def plan(self, settings: Settings) -> list[Step]:
+        phase = self.phase()
+        capped = settings.fraction is not None or settings.limit is not None
+        if capped and settings.growth:
+            raise ConfigError(
+                "growth",
+                "TensorFlow cannot combine memory growth with a memory limit (a logical device "
+                "with memory_limit ignores growth); pass either growth=True or fraction/limit",
+            )
+        if capped and phase is not Phase.NOT_IMPORTED and settings.growth is None:
+            tf = sys.modules["tensorflow"]
+            if any(tf.config.experimental.get_memory_growth(gpu) for gpu in self._gpus()):
+                raise ConfigError(
+                    "fraction" if settings.fraction is not None else "limit",
+                    "memory growth is already on for a GPU, and TensorFlow ignores growth once a "
+                    "memory_limit is set; restart without growth to use a cap",
+                )
+        steps: list[Step] = []
+        if settings.devices is not None:
+            steps.append(self._plan_devices(settings.devices, phase))
+        if settings.growth is not None:
+            steps.append(self._plan_growth(settings.growth, phase))
+        if capped:
+            steps.append(self._plan_cap(settings, phase))
+        if settings.allocator is not None:
+            steps.append(self._plan_allocator(settings.allocator, phase))
+        return steps
+
+    def _no_gpu(self, setting: str, value: object, target: str) -> Step:
+        return Step(
+            "tensorflow",
+            setting,
+            value,
+            "api",
+            target,
+            status=STATUS_SKIPPED,
+            note="TensorFlow sees no GPU here: nothing to configure",
+        )
+
+    def _plan_devices(self, devices: tuple[int, ...], phase: Phase) -> Step:
+        if phase is Phase.NOT_IMPORTED:
+            return env_step(
+                "tensorflow",
+                "devices",
+                list(devices),
+                "CUDA_VISIBLE_DEVICES",
+                ",".join(map(str, devices)),
+                phase=phase,
+                when=When.BEFORE_IMPORT,
+                fix=_FIX,
+            )
+        tf = sys.modules["tensorflow"]
+        target = "tf.config.set_visible_devices(gpus, 'GPU')"
+        gpus = self._gpus()
+        if not gpus:
+            return self._no_gpu("devices", list(devices), target)
+        missing = [d for d in devices if d >= len(gpus)]
+        if missing:
+            raise ConfigError("devices", f"TensorFlow sees {len(gpus)} GPU(s); there is no GPU {missing[0]}")
+        wanted = [gpus[d] for d in devices]
+        if phase is Phase.INITIALIZED:
+            if list(tf.config.get_visible_devices("GPU")) == wanted:
+                return Step("tensorflow", "devices", list(devices), "api", target, status=STATUS_UNCHANGED)
+            return Step("tensorflow", "devices", list(devices), "api", target, too_late=_LATE)
+        return Step(
+            "tensorflow",
+            "devices",
+            list(devices),
+            "api",
+            target,
+            run=lambda: tf.config.set_visible_devices(wanted, "GPU"),
+        )
+
+    def _plan_growth(self, growth: bool, phase: Phase) -> Step:
+        if phase is Phase.NOT_IMPORTED:
+            return env_step(
+                "tensorflow",
+                "growth",
+                growth,
+                GROWTH_VAR,
+                "true" if growth else "false",
+                phase=phase,
+                when=When.BEFORE_IMPORT,
+                fix=_FIX,
+            )
+        tf = sys.modules["tensorflow"]
+        target = f"tf.config.experimental.set_memory_growth(gpu, {growth})"
+        gpus = self._gpus()
+        if not gpus:
+            return self._no_gpu("growth", growth, target)
+        current = [bool(tf.config.experimental.get_memory_growth(gpu)) for gpu in gpus]
+        if all(c == growth for c in current):
+            return Step("tensorflow", "growth", growth, "api", target, status=STATUS_UNCHANGED)
+        if phase is Phase.INITIALIZED:
+            return Step("tensorflow", "growth", growth, "api", target, too_late=_LATE)
+
+        def run() -> None:
+            for gpu in gpus:
+                tf.config.experimental.set_memory_growth(gpu, growth)
+
+        return Step("tensorflow", "growth", growth, "api", target, run=run)
+
+    def _memory_limits(self, settings: Settings, count: int) -> dict[int, int]:
+        """memory_limit in bytes per GPU, rounded down to whole MiB as TF takes it."""
+        limits = {}
+        for index in range(count):
+            if settings.limit is not None:
+                size = settings.limit
+            else:
+                assert settings.fraction is not None
+                total = nvml_backend.device_figures(index)[0]
+                if total is None:
+                    raise ConfigError(
+                        "fraction",
+                        "TensorFlow takes a cap only in bytes and the device total is unknown here "
+                        f"({nvml_backend.nvml_status()}); pass limit= instead, or install nvidia-ml-py",
+                    )
+                size = int(settings.fraction * total)
+            limits[index] = (size // _MIB) * _MIB
+        return limits
+
+    def _plan_cap(self, settings: Settings, phase: Phase) -> Step:
+        setting = "fraction" if settings.fraction is not None else "limit"
+        value = settings.fraction if settings.fraction is not None else settings.limit
+        target = (
+            "tf.config.set_logical_device_configuration(gpu, [LogicalDeviceConfiguration(memory_limit=...)])"
+        )
+        if phase is Phase.NOT_IMPORTED:
+
+            def run_later() -> None:
+                when_imported("tensorflow", lambda tf: self._apply_cap(tf, settings), key="unimem.tf.cap")
+
+            return Step(
+                "tensorflow",
+                setting,
+                value,
+                "hook",
+                target + " right after import",
+                run=run_later,
+                status=STATUS_PENDING,
+            )
+        tf = sys.modules["tensorflow"]
+        gpus = self._gpus()
+        if not gpus:
+            return self._no_gpu(setting, value, target)
+        limits = self._memory_limits(settings, len(gpus))
+        current = [tf.config.get_logical_device_configuration(gpu) for gpu in gpus]
+        same = all(
+            conf is not None and len(conf) == 1 and conf[0].memory_limit == limits[i] // _MIB
+            for i, conf in enumerate(current)
+        )
+        target = ", ".join(f"memory_limit={limits[i] // _MIB} MiB on GPU {i}" for i in limits)
+        if same:
+            return Step("tensorflow", setting, value, "api", target, status=STATUS_UNCHANGED)
+        if phase is Phase.INITIALIZED:
+            return Step("tensorflow", setting, value, "api", target, too_late=_LATE)
+        return Step("tensorflow", setting, value, "api", target, run=lambda: self._apply_cap(tf, settings))
+
+    def _apply_cap(self, tf: Any, settings: Settings) -> None:
+        gpus = list(tf.config.list_physical_devices("GPU"))
+        limits = self._memory_limits(settings, len(gpus))
+        for index, gpu in enumerate(gpus):
+            tf.config.set_logical_device_configuration(
+                gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limits[index] // _MIB)]
+            )
+            self._limits[index] = limits[index]
+
+    def _plan_allocator(self, allocator: str, phase: Phase) -> Step:
+        if allocator in ("expandable", "uncached"):
+            return Step(
+                "tensorflow",
+                "allocator",
+                allocator,
+                "none",
+                ALLOCATOR_VAR,
+                unsupported=f"TensorFlow has no {allocator} allocator; use 'async' or 'default'",
+            )
+        new = "cuda_malloc_async" if allocator == "async" else None
+        return env_step(
+            "tensorflow",
+            "allocator",
+            allocator,
+            ALLOCATOR_VAR,
+            new,
+            phase=phase,
+            when=When.BEFORE_INIT,
+            fix=_FIX,
+        )
+
+    # --- queries ------------------------------------------------------------------
+    def _gpu_name(self, device: int) -> str | None:
+        if self.phase() is not Phase.INITIALIZED:
+            return None  # listing logical devices would start the runtime
+        gpus = sys.modules["tensorflow"].config.list_logical_devices("GPU")
+        return f"GPU:{device}" if device < len(gpus) else None
+
+    def stats(self, device: int = 0) -> MemoryStats:
+        total, free, used = nvml_backend.device_figures(device)
+        name = self._gpu_name(device)
+        if name is None:
+            # On the CPU, get_memory_info('CPU:0') answers zeros meaning "not tracked".
+            return MemoryStats("tensorflow", device, device_total=total, device_free=free, process_used=used)
+        info = sys.modules["tensorflow"].config.experimental.get_memory_info(name)
+        return MemoryStats(
+            "tensorflow",
+            device,
+            allocated=int(info["current"]),
+            peak_allocated=int(info["peak"]),
+            limit=self._limits.get(device),
+            device_total=total,
+            device_free=free,
+            process_used=used,
+        )
+
+    def reset_peak(self, device: int = 0) -> None:
+        name = self._gpu_name(device)
+        if name is not None:
+            sys.modules["tensorflow"].config.experimental.reset_memory_stats(name)
+
+    def clear_cache(self, device: int = 0) -> int:
+        if self._gpu_name(device) is not None:
+            warnings.warn(
+                "tensorflow: nothing frees TensorFlow's GPU pool short of process exit; "
+                "cap it with configure(limit=...) or growth=True before the first op",
+                UnimemWarning,
+                stacklevel=3,
+            )
+        return 0
+
+    def describe_devices(self) -> list[str]:
+        if "tensorflow" not in sys.modules:
+            return []
+        return [d.name for d in self._gpus()]

@@ -1,0 +1,484 @@
+"""PyTorch adapter: the CUDA caching allocator.
+
+torch is imported only inside methods. Caps are deferred to CUDA's lazy init with
+``torch.cuda._lazy_call`` because ``set_per_process_memory_fraction`` would
+otherwise start CUDA itself (and fix the allocator settings) at configure time.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+import types
+from typing import Any, ClassVar
+
+from unimem.config import Settings
+from unimem.errors import ConfigError
+from unimem.stats import MemoryStats
+from unimem.support import Level, Phase, Support, When
+
+from . import nvml_backend
+from .base import (
+    STATUS_APPLIED,
+    STATUS_PENDING,
+    STATUS_SKIPPED,
+    STATUS_UNCHANGED,
+    Backend,
+    Step,
+    env_step,
+    merge_conf,
+    when_imported,
+)
+
+__all__ = ["TorchBackend"]
+
+# Left free when preallocating without a cap: cuBLAS/cuDNN handles and kernels
+# loaded later take device memory outside the caching allocator.
+_UNCAPPED_HEADROOM = 1 << 30
+# Kept out of a capped preallocation: requests under 1 MiB come from a separate
+# small pool of 2 MiB segments; with the cap full of one large block their first
+# cudaMalloc would fail and torch would free the whole preallocation to retry.
+_SMALL_POOL_HEADROOM = 64 << 20
+
+_CONF_ALLOCATOR: dict[str, dict[str, str | None]] = {
+    "default": {"backend": None, "expandable_segments": None},
+    "async": {"backend": "cudaMallocAsync", "expandable_segments": None},
+    "expandable": {"backend": None, "expandable_segments": "True"},
+    "uncached": {"backend": None, "expandable_segments": None},
+}
+_UNCACHED_VAR = "PYTORCH_NO_CUDA_MEMORY_CACHING"
+
+
+def _conf_var(version: str | None) -> str:
+    """torch 2.9 renamed PYTORCH_CUDA_ALLOC_CONF to PYTORCH_ALLOC_CONF (the old name
+    still works, with a deprecation warning)."""
+    if version is None:
+        return "PYTORCH_CUDA_ALLOC_CONF"
+    try:
+        major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return "PYTORCH_CUDA_ALLOC_CONF"
+    return "PYTORCH_ALLOC_CONF" if (major, minor) >= (2, 9) else "PYTORCH_CUDA_ALLOC_CONF"
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    module = "torch"
+    distributions = ("torch",)
+    CAPABILITIES: ClassVar[dict[str, Support]] = {
+        "fraction": Support(
+            Level.NATIVE,
+            "torch.cuda.set_per_process_memory_fraction",
+            When.ANYTIME,
+            "made at CUDA init when configured earlier; caps the caching allocator only "
+            "(the CUDA context and library workspaces are outside it)",
+        ),
+        "limit": Support(
+            Level.NATIVE,
+            "torch.cuda.set_per_process_memory_fraction(limit / total_memory)",
+            When.ANYTIME,
+            "converted to a fraction of the device's total memory",
+        ),
+        "growth": Support(
+            Level.NATIVE, "(default behaviour)", When.ANYTIME, "the caching allocator allocates on demand"
+        ),
+        "preallocate": Support(
+            Level.EMULATED,
+            "torch.empty(allowance, device='cuda') freed into the cache",
+            When.ANYTIME,
+            "the block stays in the cache; clear_cache() gives it back",
+        ),
+        "allocator.default": Support(
+            Level.ENV, "PYTORCH_ALLOC_CONF (backend, expandable_segments unset)", When.BEFORE_INIT
+        ),
+        "allocator.async": Support(Level.ENV, "PYTORCH_ALLOC_CONF=backend:cudaMallocAsync", When.BEFORE_INIT),
+        "allocator.expandable": Support(
+            Level.ENV,
+            "PYTORCH_ALLOC_CONF=expandable_segments:True",
+            When.ANYTIME,
+            "after CUDA init through torch.cuda.memory._set_allocator_settings (new segments only)",
+        ),
+        "allocator.uncached": Support(
+            Level.ENV, f"{_UNCACHED_VAR}=1", When.BEFORE_INIT, "every free is a cudaFree: slow, for debugging"
+        ),
+        "devices": Support(Level.ENV, "CUDA_VISIBLE_DEVICES", When.BEFORE_INIT),
+        "stats.allocated": Support(Level.NATIVE, "torch.cuda.memory_stats: allocated_bytes.all.current"),
+        "stats.reserved": Support(Level.NATIVE, "torch.cuda.memory_stats: reserved_bytes.all.current"),
+        "stats.peak": Support(Level.NATIVE, "torch.cuda.memory_stats: *_bytes.all.peak"),
+        "stats.limit": Support(Level.NATIVE, "torch.cuda.get_per_process_memory_fraction × total_memory"),
+        "stats.largest_free_block": Support(
+            Level.UNSUPPORTED, note="only torch.cuda.memory_snapshot() knows it, too slow for stats()"
+        ),
+        "stats.num_allocs": Support(
+            Level.NATIVE, "torch.cuda.memory_stats: allocation.all.allocated, num_ooms"
+        ),
+        "stats.device": Support(Level.NATIVE, "NVML; torch.cuda.mem_get_info without NVML"),
+        "stats.process_used": Support(Level.NATIVE, "NVML (nvmlDeviceGetComputeRunningProcesses)"),
+        "reset_peak": Support(Level.NATIVE, "torch.cuda.reset_peak_memory_stats"),
+        "clear_cache": Support(
+            Level.NATIVE, "torch.cuda.empty_cache", note="returns the drop in reserved bytes"
+        ),
+    }
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # What to do at CUDA init, for settings made before it: read when the hook fires.
+        self._at_init: dict[str, Any] = {}
+        self._properties: dict[int, Any] = {}
+
+    # --- phase ----------------------------------------------------------------
+    def phase(self) -> Phase:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return Phase.NOT_IMPORTED
+        cuda = getattr(torch, "cuda", None)  # absent while torch is half-imported
+        if cuda is not None and cuda.is_initialized():
+            return Phase.INITIALIZED
+        return Phase.IMPORTED
+
+    def _cuda_available(self) -> bool | None:
+        """None while torch is not imported: unknown without importing it."""
+        torch = sys.modules.get("torch")
+        if torch is None or getattr(torch, "cuda", None) is None:
+            return None
+        return bool(torch.cuda.is_available())
+
+    # --- configuration ------------------------------------------------------------
+    def plan(self, settings: Settings) -> list[Step]:
+        phase = self.phase()
+        steps: list[Step] = []
+        if settings.devices is not None:
+            steps.append(
+                env_step(
+                    "torch",
+                    "devices",
+                    list(settings.devices),
+                    "CUDA_VISIBLE_DEVICES",
+                    ",".join(str(d) for d in settings.devices),
+                    phase=phase,
+                    when=When.BEFORE_INIT,
+                    fix="set devices before the first CUDA call, or restart the process",
+                )
+            )
+        if settings.allocator is not None:
+            steps.extend(self._plan_allocator(settings.allocator, phase))
+        if settings.fraction is not None or settings.limit is not None:
+            steps.append(self._plan_cap(settings, phase))
+        if settings.growth is not None:
+            steps.append(self._plan_growth(settings.growth, phase))
+        return steps
+
+    def _plan_allocator(self, allocator: str, phase: Phase) -> list[Step]:
+        var = _conf_var(self.version())
+        if phase is Phase.INITIALIZED:
+            torch = sys.modules["torch"]
+            backend = torch.cuda.get_allocator_backend()
+            uncached = os.environ.get(_UNCACHED_VAR) == "1"
+            if allocator == "async":
+                if backend == "cudaMallocAsync":
+                    return [
+                        Step(
+                            "torch",
+                            "allocator",
+                            allocator,
+                            "env",
+                            f"{var}=backend:cudaMallocAsync",
+                            status=STATUS_UNCHANGED,
+                        )
+                    ]
+            elif allocator == "uncached":
+                if uncached:
+                    return [
+                        Step(
+                            "torch",
+                            "allocator",
+                            allocator,
+                            "env",
+                            f"{_UNCACHED_VAR}=1",
+                            status=STATUS_UNCHANGED,
+                        )
+                    ]
+            elif backend == "native" and not uncached:
+                # expandable_segments can be switched for segments made from now on.
+                value = "True" if allocator == "expandable" else "False"
+                call = f"torch.cuda.memory._set_allocator_settings('expandable_segments:{value}')"
+
+                def run() -> None:
+                    torch.cuda.memory._set_allocator_settings(f"expandable_segments:{value}")
+
+                return [
+                    Step(
+                        "torch",
+                        "allocator",
+                        allocator,
+                        "api",
+                        call,
+                        run=run,
+                        note="applies to segments allocated from now on",
+                    )
+                ]
+            return [
+                Step(
+                    "torch",
+                    "allocator",
+                    allocator,
+                    "env",
+                    var,
+                    too_late=(
+                        f"CUDA is already initialised with the {'uncached' if uncached else backend} allocator, "
+                        "which cannot change in a running process; configure the allocator before the first "
+                        "CUDA call, or start the script with `unimem run --allocator ...`"
+                    ),
+                )
+            ]
+        current = os.environ.get(var) or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+        new_conf = merge_conf(current, _CONF_ALLOCATOR[allocator]) or None
+        fix = "configure the allocator before the first CUDA call"
+        steps = [
+            env_step(
+                "torch", "allocator", allocator, var, new_conf, phase=phase, when=When.BEFORE_INIT, fix=fix
+            )
+        ]
+        uncached_value = "1" if allocator == "uncached" else None
+        if os.environ.get(_UNCACHED_VAR) != uncached_value:
+            steps.append(
+                env_step(
+                    "torch",
+                    "allocator",
+                    allocator,
+                    _UNCACHED_VAR,
+                    uncached_value,
+                    phase=phase,
+                    when=When.BEFORE_INIT,
+                    fix=fix,
+                )
+            )
+        return steps
+
+    def _allowance_fraction(self, settings: Settings, total: int) -> float:
+        if settings.fraction is not None:
+            return settings.fraction
+        assert settings.limit is not None
+        if settings.limit > total:
+            raise ConfigError(
+                "limit",
+                f"{settings.limit} bytes is more than the device's {total} bytes; pass a smaller limit",
+            )
+        return settings.limit / total
+
+    def _plan_cap(self, settings: Settings, phase: Phase) -> Step:
+        setting = "fraction" if settings.fraction is not None else "limit"
+        value = settings.fraction if settings.fraction is not None else settings.limit
+        if phase is Phase.INITIALIZED:
+            torch = sys.modules["torch"]
+            count = torch.cuda.device_count()
+            fractions = {}
+            for device in range(count):
+                total = self._props(device).total_memory
+                fractions[device] = self._allowance_fraction(settings, total)
+            current = {d: torch.cuda.get_per_process_memory_fraction(d) for d in range(count)}
+            call = ", ".join(
+                f"torch.cuda.set_per_process_memory_fraction({f:.6g}, device={d})"
+                for d, f in fractions.items()
+            )
+            if all(abs(current[d] - f) < 1e-9 for d, f in fractions.items()):
+                return Step("torch", setting, value, "api", call, status=STATUS_UNCHANGED)
+
+            def run_now() -> None:
+                for device, fraction in fractions.items():
+                    torch.cuda.set_per_process_memory_fraction(fraction, device)
+
+            return Step("torch", setting, value, "api", call, run=run_now)
+
+        if self._cuda_available() is False:
+            return Step(
+                "torch",
+                setting,
+                value,
+                "api",
+                "torch.cuda.set_per_process_memory_fraction",
+                status=STATUS_SKIPPED,
+                note="torch sees no CUDA device here: there is no GPU memory to cap",
+            )
+        if settings.limit is not None:
+            # Check against the device now when NVML can tell, so a bad limit fails
+            # at configure time rather than at the first CUDA call.
+            total = nvml_backend.device_figures(0)[0]
+            if total is not None:
+                self._allowance_fraction(settings, total)
+
+        def run_later() -> None:
+            with self._lock:
+                self._at_init["cap"] = settings
+            self._register_init_hook()
+
+        target = (
+            f"torch.cuda.set_per_process_memory_fraction({settings.fraction})"
+            if settings.fraction is not None
+            else f"torch.cuda.set_per_process_memory_fraction({settings.limit} / total_memory)"
+        )
+        return Step(
+            "torch", setting, value, "hook", target + " at CUDA init", run=run_later, status=STATUS_PENDING
+        )
+
+    def _plan_growth(self, growth: bool, phase: Phase) -> Step:
+        if growth:
+
+            def cancel() -> None:
+                with self._lock:
+                    self._at_init.pop("preallocate", None)
+
+            return Step(
+                "torch",
+                "growth",
+                True,
+                "none",
+                "(torch default)",
+                run=cancel,
+                status=STATUS_APPLIED,
+                note="torch's caching allocator allocates on demand; nothing to change",
+            )
+        if phase is Phase.INITIALIZED:
+            torch = sys.modules["torch"]
+
+            def run_now() -> None:
+                for device in range(torch.cuda.device_count()):
+                    self._preallocate(torch, device)
+
+            return Step(
+                "torch", "growth", False, "api", "torch.empty(allowance) freed into the cache", run=run_now
+            )
+        if self._cuda_available() is False:
+            return Step(
+                "torch",
+                "growth",
+                False,
+                "api",
+                "torch.empty(allowance)",
+                status=STATUS_SKIPPED,
+                note="torch sees no CUDA device here: nothing to preallocate",
+            )
+
+        def run_later() -> None:
+            with self._lock:
+                self._at_init["preallocate"] = True
+            self._register_init_hook()
+
+        return Step(
+            "torch",
+            "growth",
+            False,
+            "hook",
+            "torch.empty(allowance) freed into the cache at CUDA init",
+            run=run_later,
+            status=STATUS_PENDING,
+        )
+
+    def _register_init_hook(self) -> None:
+        def on_import(torch: types.ModuleType) -> None:
+            torch.cuda._lazy_call(self._on_cuda_init)
+
+        when_imported("torch", on_import, key="unimem.torch.at_init")
+
+    def _on_cuda_init(self) -> None:
+        """Runs inside torch's lazy CUDA init, on every visible device."""
+        torch = sys.modules["torch"]
+        with self._lock:
+            pending = dict(self._at_init)
+            self._at_init.clear()
+        cap: Settings | None = pending.get("cap")
+        for device in range(torch.cuda.device_count()):
+            if cap is not None:
+                total = torch.cuda.get_device_properties(device).total_memory
+                fraction = self._allowance_fraction(cap, total)
+                torch.cuda.set_per_process_memory_fraction(fraction, device)
+            if pending.get("preallocate"):
+                self._preallocate(torch, device)
+
+    def _preallocate(self, torch: Any, device: int) -> None:
+        free, total = torch.cuda.mem_get_info(device)
+        fraction = torch.cuda.get_per_process_memory_fraction(device)
+        reserved = torch.cuda.memory_reserved(device)
+        if fraction < 1.0:
+            size = int(total * fraction) - reserved - _SMALL_POOL_HEADROOM
+        else:
+            size = free - _UNCAPPED_HEADROOM
+        size = min(size, free - _SMALL_POOL_HEADROOM)
+        if size <= 0:
+            return
+        block = torch.empty(size, dtype=torch.uint8, device=f"cuda:{device}")
+        del block  # back to the cache, not to the device: that is the preallocation
+
+    def _props(self, device: int) -> Any:
+        props = self._properties.get(device)
+        if props is None:
+            props = sys.modules["torch"].cuda.get_device_properties(device)
+            self._properties[device] = props
+        return props
+
+    # --- queries ------------------------------------------------------------------
+    def stats(self, device: int = 0) -> MemoryStats:
+        torch = sys.modules.get("torch")
+        initialized = torch is not None and torch.cuda.is_initialized()
+        uuid = None
+        if initialized:
+            uuid = self._uuid(device)
+        total, free, used = nvml_backend.device_figures(device, uuid)
+        if not initialized:
+            return MemoryStats("torch", device, device_total=total, device_free=free, process_used=used)
+        assert torch is not None
+        if total is None:
+            free, total = torch.cuda.mem_get_info(device)
+        # The nested dict straight from C++: torch.cuda.memory_stats() flattens it
+        # into 120 keys in Python, which is most of its cost.
+        raw = torch._C._cuda_memoryStats(device)
+        allocated = raw["allocated_bytes"]["all"]
+        reserved = raw["reserved_bytes"]["all"]
+        fraction = (
+            torch._C._cuda_getMemoryFraction(device) if hasattr(torch._C, "_cuda_getMemoryFraction") else None
+        )
+        device_total = self._props(device).total_memory
+        return MemoryStats(
+            "torch",
+            device,
+            allocated=int(allocated["current"]),
+            reserved=int(reserved["current"]),
+            peak_allocated=int(allocated["peak"]),
+            peak_reserved=int(reserved["peak"]),
+            limit=None if fraction is None else int(device_total * fraction),
+            num_allocs=int(raw["allocation"]["all"]["allocated"]),
+            num_ooms=int(raw["num_ooms"]),
+            device_total=total,
+            device_free=free,
+            process_used=used,
+        )
+
+    def _uuid(self, device: int) -> str | None:
+        uuid = getattr(self._props(device), "uuid", None)
+        if uuid is None:
+            return None
+        text = str(uuid)
+        return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+    def reset_peak(self, device: int = 0) -> None:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def clear_cache(self, device: int = 0) -> int:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return 0
+        before = torch.cuda.memory_reserved(device)
+        gc.collect()  # tensors kept alive only by reference cycles go back to the cache first
+        with torch.cuda.device(device):
+            torch.cuda.empty_cache()
+        return max(0, before - torch.cuda.memory_reserved(device))
+
+    def describe_devices(self) -> list[str]:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available():
+            return []
+        return [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]

@@ -1,0 +1,237 @@
+"""The public functions: configure, stats, reset_peak, clear_cache, summary, capabilities."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from . import registry
+from .applied import Action, Applied
+from .config import ENV_VARS, Request, parse_env
+from .errors import BackendUnavailable, ConfigError, TooLateError, UnimemWarning, UnsupportedFeature
+from .stats import MemoryStats
+from .support import Support
+
+if TYPE_CHECKING:
+    from unimem.backends.base import Step
+
+__all__ = [
+    "capabilities",
+    "clear_cache",
+    "configure",
+    "configure_from_env",
+    "configured_backends",
+    "reset_peak",
+    "stats",
+    "summary",
+]
+
+_lock = threading.RLock()
+_configured: list[str] = []  # backends configure() was called for, in order
+
+
+def configured_backends() -> list[str]:
+    return list(_configured)
+
+
+def _resolve_for_configure(backend: object, fraction: object, limit: object) -> tuple[str, ...]:
+    if isinstance(backend, str) and backend.strip().lower() == "auto":
+        split = fraction if isinstance(fraction, dict) else limit if isinstance(limit, dict) else None
+        if split is not None:
+            return ()  # the split's keys name the backends; Request.build checks them
+        imported = registry.imported_frameworks()
+        if imported:
+            return tuple(imported)
+        # Nothing imported yet (configure at the top of a script): every installed
+        # framework gets the settings it can take before import. Still imports nothing.
+        installed = [name for name in registry.available_backends() if name in registry.FRAMEWORKS]
+        if not installed:
+            raise BackendUnavailable(
+                "no framework is installed: pip install 'unimem[torch]', 'unimem[jax]' or 'unimem[tensorflow]'"
+            )
+        return tuple(installed)
+    if isinstance(backend, str):
+        return (registry.canonical_name(backend),)
+    if isinstance(backend, Sequence) and backend:
+        names: list[str] = []
+        for item in backend:
+            name = registry.canonical_name(item)
+            if name in names:
+                raise ConfigError("backend", f"{name!r} is listed twice")
+            names.append(name)
+        return tuple(names)
+    raise ConfigError("backend", f"expected 'auto', a backend name or a list of names, got {backend!r}")
+
+
+def configure(
+    backend: str | Sequence[str] = "auto",
+    *,
+    fraction: float | dict[str, float] | None = None,
+    limit: int | str | dict[str, int | str] | None = None,
+    growth: bool | None = None,
+    allocator: str | None = None,
+    devices: Sequence[int] | int | None = None,
+    strict: bool = True,
+) -> Applied:
+    """Say what memory behaviour you want; unimem makes each framework do it.
+
+    Everything is validated before anything changes. A setting whose moment has
+    passed (the framework already started) raises ``TooLateError``; with
+    ``strict=False`` it is skipped with a ``UnimemWarning`` instead. The returned
+    ``Applied`` says, per backend and setting, how it was applied and what waits
+    for the framework to start.
+
+    ``backend="auto"`` takes the frameworks already imported; when none is, every
+    installed framework gets the settings it can take before import. Nothing is
+    imported to find out.
+    """
+    if not isinstance(strict, bool):
+        raise ConfigError("strict", f"expected True or False, got {strict!r}")
+    with _lock:
+        names = _resolve_for_configure(backend, fraction, limit)
+        request = Request.build(
+            names, fraction=fraction, limit=limit, growth=growth, allocator=allocator, devices=devices
+        )
+        plans: list[Step] = []
+        for name in request.backends:
+            try:
+                plans.extend(registry.get_backend(name).plan(request.settings[name]))
+            except ConfigError as exc:
+                if backend == "auto" and not registry.imported_frameworks():
+                    raise ConfigError(
+                        exc.parameter,
+                        f"{str(exc).partition(': ')[2]} (backend='auto' chose every installed framework "
+                        f"because none is imported yet: {', '.join(names)}; name the one you use)",
+                    ) from None
+                raise
+
+        refused = [s for s in plans if s.unsupported or s.too_late]
+        if refused and strict:
+            first = refused[0]
+            more = (
+                f" (and {len(refused) - 1} more: {', '.join(f'{s.backend}.{s.setting}' for s in refused[1:])})"
+                if len(refused) > 1
+                else ""
+            )
+            if first.unsupported:
+                raise UnsupportedFeature(first.backend, first.setting, first.unsupported + more)
+            raise TooLateError(first.backend, first.setting, f"{first.too_late}{more}")
+
+        actions: list[Action] = []
+        for step in plans:
+            status, note = step.status, step.note
+            if step.unsupported or step.too_late:
+                reason = step.unsupported or step.too_late
+                warnings.warn(
+                    f"{step.backend}: {step.setting} not applied: {reason}", UnimemWarning, stacklevel=2
+                )
+                status, note = "skipped", f"{'unsupported' if step.unsupported else 'too late'}: {reason}"
+            elif step.status == "skipped":
+                warnings.warn(
+                    f"{step.backend}: {step.setting} not applied: {step.note}", UnimemWarning, stacklevel=2
+                )
+            elif step.run is not None and step.status != "unchanged":
+                step.run()
+            actions.append(
+                Action(step.backend, step.setting, step.value, step.method, step.target, status, note)
+            )
+        for name in request.backends:
+            if name not in _configured:
+                _configured.append(name)
+        return Applied(tuple(actions), request.backends)
+
+
+def configure_from_env() -> Applied:
+    """``configure`` from ``UNIMEM_BACKEND``, ``UNIMEM_FRACTION``, ``UNIMEM_LIMIT``,
+    ``UNIMEM_GROWTH``, ``UNIMEM_ALLOCATOR`` and ``UNIMEM_DEVICES``.
+
+    Fractions and limits may be split: ``UNIMEM_FRACTION="torch=0.5,jax=0.3"``.
+    Errors name the variable.
+    """
+    kwargs = parse_env()
+    try:
+        return configure(**kwargs)
+    except ConfigError as exc:
+        var = ENV_VARS.get(exc.parameter, exc.parameter)
+        message = str(exc).partition(": ")[2]
+        raise ConfigError(var, message) from None
+
+
+def _resolve_query(backend: str | None) -> str:
+    if backend is not None:
+        return registry.canonical_name(backend)
+    candidates = list(_configured)
+    for name in registry.imported_frameworks():
+        if name not in candidates:
+            candidates.append(name)
+    if len(candidates) == 1:
+        return candidates[0]
+    if len(candidates) > 1:
+        raise ConfigError(
+            "backend",
+            f"{' and '.join(candidates)} are all in use in this process; pass backend= one of them",
+        )
+    if "nvml" in registry.available_backends():
+        return "nvml"
+    raise BackendUnavailable(
+        "no framework is imported or configured and NVML is not installed; pass backend=, "
+        "or pip install 'unimem[nvml]'"
+    )
+
+
+def _check_device(device: object) -> int:
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ConfigError("device", f"expected a device index (0 or more), got {device!r}")
+    return device
+
+
+def stats(backend: str | None = None, device: int = 0) -> MemoryStats:
+    """Memory of ``device`` as ``backend`` and NVML see it; unknown figures are None.
+
+    Never starts a framework's device runtime: before it started, its figures are None.
+    """
+    device = _check_device(device)
+    name = _resolve_query(backend)
+    if backend is None and name == "nvml":
+        # Nothing in use and NVML is the fallback: a machine without a driver gets a
+        # snapshot of Nones rather than an error (an explicit backend="nvml" raises).
+        from unimem.backends.nvml_backend import device_figures
+
+        total, free, used = device_figures(device)
+        return MemoryStats("nvml", device, device_total=total, device_free=free, process_used=used)
+    return registry.get_backend(name).stats(device)
+
+
+def reset_peak(backend: str | None = None, device: int = 0) -> None:
+    """Start the peak figures afresh (see ``capabilities(b)['reset_peak']`` for limits)."""
+    device = _check_device(device)
+    registry.get_backend(_resolve_query(backend)).reset_peak(device)
+
+
+def clear_cache(backend: str | None = None, device: int = 0) -> int:
+    """Give the framework's cached, unused memory back to the device.
+
+    Returns the bytes measured going back (0 if none, or if the framework cannot:
+    it then warns with ``UnimemWarning`` saying what to do instead).
+    """
+    device = _check_device(device)
+    return registry.get_backend(_resolve_query(backend)).clear_cache(device)
+
+
+def capabilities(backend: str) -> dict[str, Support]:
+    """What ``backend`` supports, feature by feature. Imports no framework."""
+    return registry.capability_table(backend)  # type: ignore[return-value]
+
+
+def summary(backend: str | None = None, device: int = 0) -> str:
+    """``stats()`` as a readable table."""
+    snapshot = stats(backend, device)
+    backend_obj = registry.get_backend(snapshot.backend)
+    title = f"unimem: {snapshot.backend} on device {device} ({backend_obj.phase().describe()})"
+    rows = snapshot.rows()
+    width = max(len(label) for label, _ in rows)
+    lines = [title, "-" * len(title)]
+    lines += [f"{label.ljust(width)}  {value}" for label, value in rows]
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""``MemoryStats``: one set of field names for every framework.
+
+A figure unimem cannot know is ``None``, never 0 and never a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sizes import format_bytes
+
+__all__ = ["MemoryStats"]
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """A snapshot of one device's memory as one backend (and NVML) sees it.
+
+    Byte counts are ``int`` or ``None`` (unknown here).
+
+    - ``allocated``: bytes in live tensors/arrays.
+    - ``reserved``: bytes the framework's pool holds from the device.
+    - ``peak_allocated`` / ``peak_reserved``: highest values since start or ``reset_peak()``.
+    - ``limit``: most the framework will take (a cap, or its pool limit).
+    - ``largest_free_block``: biggest contiguous free block inside the pool.
+    - ``num_allocs`` / ``num_ooms``: allocation calls and out-of-memory events counted.
+    - ``device_total`` / ``device_free``: the driver's figures for the whole device.
+    - ``process_used``: NVML's figure for this process on that device.
+    """
+
+    backend: str
+    device: int
+    allocated: int | None = None
+    reserved: int | None = None
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    limit: int | None = None
+    largest_free_block: int | None = None
+    num_allocs: int | None = None
+    num_ooms: int | None = None
+    device_total: int | None = None
+    device_free: int | None = None
+    process_used: int | None = None
+    timestamp: float = field(default_factory=time.time)
+
+    @property
+    def fragmentation(self) -> float | None:
+        """Share of the pool's free bytes that the largest free block cannot use.
+
+        ``0`` means all free pool memory is one block; near ``1`` means it is in
+        pieces too small for a large request. ``None`` when the pool's free bytes or
+        its largest block are unknown.
+        """
+        if self.reserved is None or self.allocated is None or self.largest_free_block is None:
+            return None
+        free_in_pool = self.reserved - self.allocated
+        if free_in_pool <= 0:
+            return 0.0
+        return max(0.0, min(1.0, 1.0 - self.largest_free_block / free_in_pool))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field plus ``fragmentation``, JSON-ready."""
+        data = dataclasses.asdict(self)
+        data["fragmentation"] = self.fragmentation
+        return data
+
+    def rows(self) -> list[tuple[str, str]]:
+        """``(label, value)`` pairs for tables; unknown figures read ``n/a``."""
+        fragmentation = self.fragmentation
+        return [
+            ("allocated", format_bytes(self.allocated)),
+            ("reserved", format_bytes(self.reserved)),
+            ("peak allocated", format_bytes(self.peak_allocated)),
+            ("peak reserved", format_bytes(self.peak_reserved)),
+            ("limit", format_bytes(self.limit)),
+            ("largest free block", format_bytes(self.largest_free_block)),
+            ("fragmentation", "n/a" if fragmentation is None else f"{fragmentation:.1%}"),
+            ("allocations", "n/a" if self.num_allocs is None else str(self.num_allocs)),
+            ("OOMs", "n/a" if self.num_ooms is None else str(self.num_ooms)),
+            ("device total", format_bytes(self.device_total)),
+            ("device free", format_bytes(self.device_free)),
+            ("process used (NVML)", format_bytes(self.process_used)),
+        ]
