@@ -79,8 +79,7 @@ class JaxBackend(Backend):
             Level.ENV,
             "XLA_CLIENT_MEM_FRACTION (XLA_PYTHON_CLIENT_MEM_FRACTION before the rename)",
             When.BEFORE_INIT,
-            "the name is picked from the installed jaxlib; it is the pool's limit and, "
-            "with preallocation, its size",
+            "the name is picked from the installed jaxlib; it is the pool's limit and, with preallocation, its size",
         ),
         "limit": Support(
             Level.ENV,
@@ -108,13 +107,9 @@ class JaxBackend(Backend):
             note="None with the platform allocator and on the CPU",
         ),
         "stats.reserved": Support(Level.NATIVE, "Device.memory_stats()['pool_bytes']"),
-        "stats.peak": Support(
-            Level.NATIVE, "Device.memory_stats()['peak_bytes_in_use'] / ['peak_pool_bytes']"
-        ),
+        "stats.peak": Support(Level.NATIVE, "Device.memory_stats()['peak_bytes_in_use'] / ['peak_pool_bytes']"),
         "stats.limit": Support(Level.NATIVE, "Device.memory_stats()['bytes_limit']"),
-        "stats.largest_free_block": Support(
-            Level.NATIVE, "Device.memory_stats()['largest_free_block_bytes']"
-        ),
+        "stats.largest_free_block": Support(Level.NATIVE, "Device.memory_stats()['largest_free_block_bytes']"),
         "stats.num_allocs": Support(
             Level.NATIVE, "Device.memory_stats()['num_allocs']", note="no OOM counter: num_ooms is None"
         ),
@@ -154,9 +149,7 @@ class JaxBackend(Backend):
         steps: list[Step] = []
 
         def env(setting: str, value: object, var: str, new: str | None, note: str = "") -> Step:
-            return env_step(
-                "jax", setting, value, var, new, phase=phase, when=When.BEFORE_INIT, fix=_FIX, note=note
-            )
+            return env_step("jax", setting, value, var, new, phase=phase, when=When.BEFORE_INIT, fix=_FIX, note=note)
 
         if settings.devices is not None:
             steps.append(
@@ -184,9 +177,7 @@ class JaxBackend(Backend):
                     )
                 )
             else:
-                steps.append(
-                    env("allocator", settings.allocator, ALLOCATOR, _ALLOCATOR_VALUES[settings.allocator])
-                )
+                steps.append(env("allocator", settings.allocator, ALLOCATOR, _ALLOCATOR_VALUES[settings.allocator]))
         return steps
 
     def _plan_cap(self, settings: Settings, env: Any) -> list[Step]:

@@ -59,9 +59,7 @@ class TensorFlowBackend(Backend):
         "allocator.default": Support(Level.ENV, f"{ALLOCATOR_VAR} unset (BFC)", When.BEFORE_INIT),
         "allocator.async": Support(Level.ENV, f"{ALLOCATOR_VAR}=cuda_malloc_async", When.BEFORE_INIT),
         "allocator.expandable": Support(Level.UNSUPPORTED, note="TF has no expandable-segments allocator"),
-        "allocator.uncached": Support(
-            Level.UNSUPPORTED, note="TF has no allocator that returns memory on free"
-        ),
+        "allocator.uncached": Support(Level.UNSUPPORTED, note="TF has no allocator that returns memory on free"),
         "devices": Support(
             Level.NATIVE,
             "tf.config.set_visible_devices (CUDA_VISIBLE_DEVICES before import)",
@@ -72,9 +70,7 @@ class TensorFlowBackend(Backend):
         "stats.peak": Support(
             Level.NATIVE, "tf.config.experimental.get_memory_info: peak", note="peak_reserved is None"
         ),
-        "stats.limit": Support(
-            Level.EMULATED, "(the memory_limit unimem set)", note="None when unimem set no cap"
-        ),
+        "stats.limit": Support(Level.EMULATED, "(the memory_limit unimem set)", note="None when unimem set no cap"),
         "stats.largest_free_block": Support(Level.UNSUPPORTED, note="TF does not expose its BFC bins"),
         "stats.num_allocs": Support(Level.UNSUPPORTED, note="TF does not expose allocation counts"),
         "stats.device": Support(Level.NATIVE, "NVML"),
@@ -225,9 +221,7 @@ class TensorFlowBackend(Backend):
     def _plan_cap(self, settings: Settings, phase: Phase) -> Step:
         setting = "fraction" if settings.fraction is not None else "limit"
         value = settings.fraction if settings.fraction is not None else settings.limit
-        target = (
-            "tf.config.set_logical_device_configuration(gpu, [LogicalDeviceConfiguration(memory_limit=...)])"
-        )
+        target = "tf.config.set_logical_device_configuration(gpu, [LogicalDeviceConfiguration(memory_limit=...)])"
         if phase is Phase.NOT_IMPORTED:
 
             def run_later() -> None:

@@ -111,15 +111,11 @@ class TorchBackend(Backend):
         "stats.largest_free_block": Support(
             Level.UNSUPPORTED, note="only torch.cuda.memory_snapshot() knows it, too slow for stats()"
         ),
-        "stats.num_allocs": Support(
-            Level.NATIVE, "torch.cuda.memory_stats: allocation.all.allocated, num_ooms"
-        ),
+        "stats.num_allocs": Support(Level.NATIVE, "torch.cuda.memory_stats: allocation.all.allocated, num_ooms"),
         "stats.device": Support(Level.NATIVE, "NVML; torch.cuda.mem_get_info without NVML"),
         "stats.process_used": Support(Level.NATIVE, "NVML (nvmlDeviceGetComputeRunningProcesses)"),
         "reset_peak": Support(Level.NATIVE, "torch.cuda.reset_peak_memory_stats"),
-        "clear_cache": Support(
-            Level.NATIVE, "torch.cuda.empty_cache", note="returns the drop in reserved bytes"
-        ),
+        "clear_cache": Support(Level.NATIVE, "torch.cuda.empty_cache", note="returns the drop in reserved bytes"),
     }
 
     def __init__(self) -> None:
@@ -236,11 +232,7 @@ class TorchBackend(Backend):
         current = os.environ.get(var) or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
         new_conf = merge_conf(current, _CONF_ALLOCATOR[allocator]) or None
         fix = "configure the allocator before the first CUDA call"
-        steps = [
-            env_step(
-                "torch", "allocator", allocator, var, new_conf, phase=phase, when=When.BEFORE_INIT, fix=fix
-            )
-        ]
+        steps = [env_step("torch", "allocator", allocator, var, new_conf, phase=phase, when=When.BEFORE_INIT, fix=fix)]
         uncached_value = "1" if allocator == "uncached" else None
         if os.environ.get(_UNCACHED_VAR) != uncached_value:
             steps.append(
@@ -280,8 +272,7 @@ class TorchBackend(Backend):
                 fractions[device] = self._allowance_fraction(settings, total)
             current = {d: torch.cuda.get_per_process_memory_fraction(d) for d in range(count)}
             call = ", ".join(
-                f"torch.cuda.set_per_process_memory_fraction({f:.6g}, device={d})"
-                for d, f in fractions.items()
+                f"torch.cuda.set_per_process_memory_fraction({f:.6g}, device={d})" for d, f in fractions.items()
             )
             if all(abs(current[d] - f) < 1e-9 for d, f in fractions.items()):
                 return Step("torch", setting, value, "api", call, status=STATUS_UNCHANGED)
@@ -319,9 +310,7 @@ class TorchBackend(Backend):
             if settings.fraction is not None
             else f"torch.cuda.set_per_process_memory_fraction({settings.limit} / total_memory)"
         )
-        return Step(
-            "torch", setting, value, "hook", target + " at CUDA init", run=run_later, status=STATUS_PENDING
-        )
+        return Step("torch", setting, value, "hook", target + " at CUDA init", run=run_later, status=STATUS_PENDING)
 
     def _plan_growth(self, growth: bool, phase: Phase) -> Step:
         if growth:
@@ -347,9 +336,7 @@ class TorchBackend(Backend):
                 for device in range(torch.cuda.device_count()):
                     self._preallocate(torch, device)
 
-            return Step(
-                "torch", "growth", False, "api", "torch.empty(allowance) freed into the cache", run=run_now
-            )
+            return Step("torch", "growth", False, "api", "torch.empty(allowance) freed into the cache", run=run_now)
         if self._cuda_available() is False:
             return Step(
                 "torch",
@@ -401,10 +388,7 @@ class TorchBackend(Backend):
         free, total = torch.cuda.mem_get_info(device)
         fraction = torch.cuda.get_per_process_memory_fraction(device)
         reserved = torch.cuda.memory_reserved(device)
-        if fraction < 1.0:
-            size = int(total * fraction) - reserved - _SMALL_POOL_HEADROOM
-        else:
-            size = free - _UNCAPPED_HEADROOM
+        size = int(total * fraction) - reserved - _SMALL_POOL_HEADROOM if fraction < 1.0 else free - _UNCAPPED_HEADROOM
         size = min(size, free - _SMALL_POOL_HEADROOM)
         if size <= 0:
             return
@@ -436,9 +420,7 @@ class TorchBackend(Backend):
         raw = torch._C._cuda_memoryStats(device)
         allocated = raw["allocated_bytes"]["all"]
         reserved = raw["reserved_bytes"]["all"]
-        fraction = (
-            torch._C._cuda_getMemoryFraction(device) if hasattr(torch._C, "_cuda_getMemoryFraction") else None
-        )
+        fraction = torch._C._cuda_getMemoryFraction(device) if hasattr(torch._C, "_cuda_getMemoryFraction") else None
         device_total = self._props(device).total_memory
         return MemoryStats(
             "torch",

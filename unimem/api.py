@@ -124,19 +124,13 @@ def configure(
             status, note = step.status, step.note
             if step.unsupported or step.too_late:
                 reason = step.unsupported or step.too_late
-                warnings.warn(
-                    f"{step.backend}: {step.setting} not applied: {reason}", UnimemWarning, stacklevel=2
-                )
+                warnings.warn(f"{step.backend}: {step.setting} not applied: {reason}", UnimemWarning, stacklevel=2)
                 status, note = "skipped", f"{'unsupported' if step.unsupported else 'too late'}: {reason}"
             elif step.status == "skipped":
-                warnings.warn(
-                    f"{step.backend}: {step.setting} not applied: {step.note}", UnimemWarning, stacklevel=2
-                )
+                warnings.warn(f"{step.backend}: {step.setting} not applied: {step.note}", UnimemWarning, stacklevel=2)
             elif step.run is not None and step.status != "unchanged":
                 step.run()
-            actions.append(
-                Action(step.backend, step.setting, step.value, step.method, step.target, status, note)
-            )
+            actions.append(Action(step.backend, step.setting, step.value, step.method, step.target, status, note))
         for name in request.backends:
             if name not in _configured:
                 _configured.append(name)
@@ -176,8 +170,7 @@ def _resolve_query(backend: str | None) -> str:
     if "nvml" in registry.available_backends():
         return "nvml"
     raise BackendUnavailable(
-        "no framework is imported or configured and NVML is not installed; pass backend=, "
-        "or pip install 'unimem[nvml]'"
+        "no framework is imported or configured and NVML is not installed; pass backend=, or pip install 'unimem[nvml]'"
     )
 
 

@@ -95,9 +95,7 @@ def _check_devices(value: object) -> tuple[int, ...]:
             raise ConfigError("devices", f"device {item} is listed twice in {value!r}")
         devices.append(item)
     if not devices:
-        raise ConfigError(
-            "devices", "an empty list would hide every GPU; pass None to leave devices as they are"
-        )
+        raise ConfigError("devices", "an empty list would hide every GPU; pass None to leave devices as they are")
     return tuple(devices)
 
 
@@ -157,17 +155,12 @@ class Request:
         if fraction_split is not None:
             total = sum(f for f in fractions.values() if f is not None)
             if total > 1.0 + 1e-9:
-                raise ConfigError(
-                    "fraction", f"the shares add up to {total:.3g}, more than the whole device (1.0)"
-                )
+                raise ConfigError("fraction", f"the shares add up to {total:.3g}, more than the whole device (1.0)")
 
         if growth is not None and not isinstance(growth, bool):
             raise ConfigError("growth", f"expected True, False or None, got {growth!r}")
-        if allocator is not None:
-            if not isinstance(allocator, str) or allocator not in ALLOCATORS:
-                raise ConfigError(
-                    "allocator", f"unknown allocator {allocator!r}; choose one of {', '.join(ALLOCATORS)}"
-                )
+        if allocator is not None and (not isinstance(allocator, str) or allocator not in ALLOCATORS):
+            raise ConfigError("allocator", f"unknown allocator {allocator!r}; choose one of {', '.join(ALLOCATORS)}")
         device_tuple = None if devices is None else _check_devices(devices)
 
         per_backend = {

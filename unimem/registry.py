@@ -42,12 +42,8 @@ BACKENDS: dict[str, Entry] = {
         "unimem.backends.tensorflow_backend:TensorFlowBackend",
         "pip install 'unimem[tensorflow]' (tensorflow[and-cuda] for a GPU)",
     ),
-    "jax": Entry(
-        "jax", "unimem.backends.jax_backend:JaxBackend", "pip install 'unimem[jax]' (jax[cuda12] for a GPU)"
-    ),
-    "nvml": Entry(
-        "pynvml", "unimem.backends.nvml_backend:NvmlBackend", "pip install 'unimem[nvml]' (nvidia-ml-py)"
-    ),
+    "jax": Entry("jax", "unimem.backends.jax_backend:JaxBackend", "pip install 'unimem[jax]' (jax[cuda12] for a GPU)"),
+    "nvml": Entry("pynvml", "unimem.backends.nvml_backend:NvmlBackend", "pip install 'unimem[nvml]' (nvidia-ml-py)"),
 }
 FRAMEWORKS = ("torch", "tensorflow", "jax")
 ALIASES = {"tf": "tensorflow", "pytorch": "torch", "pynvml": "nvml"}
@@ -95,9 +91,7 @@ def get_backend(name: str) -> Backend:
         if backend is None:
             entry = BACKENDS[key]
             if not _installed(entry.module):
-                raise BackendUnavailable(
-                    f"{key}: the '{entry.module}' module is not installed; {entry.install}"
-                )
+                raise BackendUnavailable(f"{key}: the '{entry.module}' module is not installed; {entry.install}")
             module_name, _, class_name = entry.adapter.partition(":")
             backend = getattr(importlib.import_module(module_name), class_name)()
             _instances[key] = backend
