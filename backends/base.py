@@ -153,11 +153,11 @@ def merge_conf(current: str | None, updates: dict[str, str | None]) -> str:
         key, sep, value = part.strip().partition(":")
         if sep and key:
             pairs[key.strip()] = value.strip()
-    for key, value in updates.items():
-        if value is None:
+    for key, update in updates.items():
+        if update is None:
             pairs.pop(key, None)
         else:
-            pairs[key] = value
+            pairs[key] = update
     return ",".join(f"{key}:{value}" for key, value in pairs.items())
 
 

@@ -215,7 +215,7 @@ def clear_cache(backend: str | None = None, device: int = 0) -> int:
 
 def capabilities(backend: str) -> dict[str, Support]:
     """What ``backend`` supports, feature by feature. Imports no framework."""
-    return registry.capability_table(backend)  # type: ignore[return-value]
+    return registry.capability_table(backend)
 
 
 def summary(backend: str | None = None, device: int = 0) -> str:

@@ -167,8 +167,8 @@ class Request:
             name: Settings(
                 fraction=fractions.get(name),
                 limit=limits.get(name),
-                growth=growth,  # type: ignore[arg-type]  # checked above
-                allocator=allocator,  # type: ignore[arg-type]
+                growth=growth,
+                allocator=allocator,
                 devices=device_tuple,
             )
             for name in backends

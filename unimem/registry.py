@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import BackendUnavailable, ConfigError
+from .support import Support
 
 if TYPE_CHECKING:
     from unimem.backends.base import Backend
@@ -98,7 +99,7 @@ def get_backend(name: str) -> Backend:
     return backend
 
 
-def capability_table(name: str) -> dict[str, object]:
+def capability_table(name: str) -> dict[str, Support]:
     """The capability table of ``name``, installed or not (it is data)."""
     key = canonical_name(name)
     module_name, _, class_name = BACKENDS[key].adapter.partition(":")

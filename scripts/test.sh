@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Install everything, then lint, type-check, check the matrix is current, and run the
+# CPU test suite with all three frameworks. A pytest run that collects no test exits 5,
+# which fails this script like any other failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh test
+. .venv/bin/activate
+export TF_CPP_MIN_LOG_LEVEL=3 TF_ENABLE_ONEDNN_OPTS=0
+ruff format --check .
+ruff check .
+mypy unimem backends
+unimem matrix --check
+python -m pytest tests --ignore=tests/gpu -q -p no:cacheprovider

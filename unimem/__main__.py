@@ -1,0 +1,3 @@
+from unimem.cli import main
+
+main(prog_name="unimem")

@@ -1,0 +1,177 @@
+"""The ``unimem`` command: info, stats, matrix (also ``python -m unimem``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from typing import Any
+
+import click
+
+from . import __version__, registry
+from .sizes import format_bytes
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+def _nvml_devices() -> tuple[list[dict[str, Any]], str]:
+    from unimem.backends import nvml_backend
+
+    status = nvml_backend.nvml_status()
+    if status != "ok":
+        return [], status
+    return nvml_backend.devices_info(), "ok"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="unimem")
+def main() -> None:
+    """One GPU-memory API for PyTorch, TensorFlow and JAX, with NVML as ground truth."""
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def info(as_json: bool) -> None:
+    """Frameworks and versions, GPUs and driver (NVML). Imports no framework."""
+    frameworks: list[dict[str, Any]] = []
+    for name in registry.BACKENDS:
+        installed = name in registry.available_backends()
+        version = registry.get_backend(name).version() if installed else None
+        frameworks.append({"backend": name, "installed": installed, "version": version})
+    devices, nvml = _nvml_devices()
+    data = {
+        "unimem": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "frameworks": frameworks,
+        "nvml": nvml,
+        "devices": devices,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    from rich.table import Table
+
+    console = _console()
+    console.print(f"[bold]unimem {__version__}[/bold] · Python {data['python']} · {data['platform']}")
+    table = Table(title="Frameworks")
+    for column in ("backend", "installed", "version"):
+        table.add_column(column)
+    for row in frameworks:
+        table.add_row(row["backend"], "yes" if row["installed"] else "no", row["version"] or "—")
+    console.print(table)
+    if nvml != "ok":
+        console.print(f"NVML: [yellow]{nvml}[/yellow]")
+        console.print("No GPU figures on this machine: frameworks run on the CPU here.")
+        return
+    gpus = Table(title=f"GPUs (driver {devices[0]['driver'] if devices else '?'})")
+    for column in ("NVML index", "name", "UUID", "total", "free"):
+        gpus.add_column(column)
+    for d in devices:
+        gpus.add_row(str(d["index"]), d["name"], d["uuid"], format_bytes(d["total"]), format_bytes(d["free"]))
+    console.print(gpus)
+    if data["cuda_visible_devices"] is not None:
+        console.print(f"CUDA_VISIBLE_DEVICES={data['cuda_visible_devices']}")
+
+
+def _process_rows() -> list[dict[str, Any]]:
+    """Every compute process on every GPU, from NVML."""
+    from unimem.backends import nvml_backend
+
+    pynvml = nvml_backend._load()
+    rows = []
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            rows.append({"device": index, "pid": proc.pid, "used": proc.usedGpuMemory})
+    return rows
+
+
+@main.command()
+@click.option(
+    "--backend",
+    "-b",
+    default=None,
+    help="Framework whose figures to read in this process (torch, tensorflow, jax); default: NVML for every GPU.",
+)
+@click.option("--device", "-d", default=0, show_default=True, help="Device index (with --backend).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def stats(backend: str | None, device: int, as_json: bool) -> None:
+    """Memory figures: per GPU and per process from NVML, or one backend's MemoryStats."""
+    import unimem
+
+    if backend is not None:
+        snapshot = unimem.stats(backend, device)
+        if as_json:
+            click.echo(json.dumps(snapshot.as_dict(), indent=2))
+        else:
+            click.echo(unimem.summary(backend, device))
+        return
+    devices, nvml = _nvml_devices()
+    snapshots = [unimem.stats("nvml", d["index"]).as_dict() for d in devices] if nvml == "ok" else []
+    processes = _process_rows() if nvml == "ok" else []
+    if as_json:
+        click.echo(json.dumps({"nvml": nvml, "devices": snapshots, "processes": processes}, indent=2))
+        return
+    from rich.table import Table
+
+    console = _console()
+    if nvml != "ok":
+        console.print(f"NVML: [yellow]{nvml}[/yellow]")
+        fallback = unimem.stats()
+        console.print(unimem.summary() if fallback else "")
+        return
+    table = Table(title="GPU memory (NVML)")
+    for column in ("device", "total", "used", "free"):
+        table.add_column(column, justify="right")
+    for snap in snapshots:
+        total, free = snap["device_total"], snap["device_free"]
+        used = None if total is None or free is None else total - free
+        table.add_row(str(snap["device"]), format_bytes(total), format_bytes(used), format_bytes(free))
+    console.print(table)
+    procs = Table(title="Processes (NVML)")
+    for column in ("device", "pid", "used"):
+        procs.add_column(column, justify="right")
+    for row in processes:
+        procs.add_row(str(row["device"]), str(row["pid"]), format_bytes(row["used"]))
+    console.print(procs if processes else "No compute processes on any GPU.")
+
+
+@main.command()
+@click.option("--check", is_flag=True, help="Exit 1 if compat_matrix.md is not what the tables and evidence give.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Where to write (default: the repo's compat_matrix.md).",
+)
+def matrix(check: bool, output: str | None) -> None:
+    """Render compat_matrix.md from the capability tables and the recorded evidence."""
+    from pathlib import Path
+
+    from . import matrix as matrix_module
+
+    root = matrix_module.repo_root()
+    target = Path(output) if output else root / matrix_module.MATRIX_FILE
+    text = matrix_module.render(root)
+    if check:
+        current = target.read_text(encoding="utf-8") if target.is_file() else None
+        if current != text:
+            click.echo(f"{target} is stale: run `unimem matrix` and commit the result", err=True)
+            sys.exit(1)
+        click.echo(f"{target} is up to date")
+        return
+    target.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {target}")
+
+
+if __name__ == "__main__":
+    main()
