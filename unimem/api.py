@@ -131,8 +131,13 @@ def configure(
             elif step.run is not None and step.status != "unchanged":
                 step.run()
             actions.append(Action(step.backend, step.setting, step.value, step.method, step.target, status, note))
+        # Only backends the user named (or that were in use) make stats() unambiguous;
+        # "auto" spreading settings over every installed framework must not.
+        split_given = isinstance(fraction, dict) or isinstance(limit, dict)
+        chosen_by_user = split_given or not (isinstance(backend, str) and backend.strip().lower() == "auto")
+        in_use = registry.imported_frameworks()
         for name in request.backends:
-            if name not in _configured:
+            if (chosen_by_user or name in in_use) and name not in _configured:
                 _configured.append(name)
         return Applied(tuple(actions), request.backends)
 
