@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
 import threading
 import warnings
 from collections.abc import Sequence
@@ -9,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from . import registry
 from .applied import Action, Applied
-from .config import ENV_VARS, Request, parse_env
+from .config import ENV_VARS, Request, Settings, parse_env
 from .errors import BackendUnavailable, ConfigError, TooLateError, UnimemWarning, UnsupportedFeature
 from .stats import MemoryStats
 from .support import Support
@@ -28,6 +31,7 @@ __all__ = [
     "summary",
 ]
 
+_log = logging.getLogger("unimem")
 _lock = threading.RLock()
 _configured: list[str] = []  # backends configure() was called for, in order
 
@@ -94,10 +98,12 @@ def configure(
         request = Request.build(
             names, fraction=fraction, limit=limit, growth=growth, allocator=allocator, devices=devices
         )
+        settings = dict(request.settings)
+        defaulted = _safe_growth_default(backend, request.backends, settings, growth, fraction, limit)
         plans: list[Step] = []
         for name in request.backends:
             try:
-                plans.extend(registry.get_backend(name).plan(request.settings[name]))
+                plans.extend(registry.get_backend(name).plan(settings[name]))
             except ConfigError as exc:
                 if backend == "auto" and not registry.imported_frameworks():
                     raise ConfigError(
@@ -106,6 +112,23 @@ def configure(
                         f"because none is imported yet: {', '.join(names)}; name the one you use)",
                     ) from None
                 raise
+
+        for step in plans:
+            if step.backend in defaulted and step.setting == "growth":
+                others = ", ".join(n for n in defaulted[step.backend] if n != step.backend)
+                if step.too_late:
+                    # A default the user never asked for must not raise: say it could not be made.
+                    step.status, step.too_late = "skipped", None
+                    step.note = (
+                        f"safe default not applied: {step.backend} already preallocated before unimem was "
+                        f"configured; call unimem.configure before {step.backend}'s first op"
+                    )
+                else:
+                    step.note = (
+                        f"safe default: {step.backend} shares this process with {others}, so it allocates on "
+                        "demand instead of preallocating; pass growth=False to keep preallocation"
+                    )
+                    _log.info("%s: %s", step.backend, step.note)
 
         refused = [s for s in plans if s.unsupported or s.too_late]
         if refused and strict:
@@ -140,6 +163,48 @@ def configure(
             if (chosen_by_user or name in in_use) and name not in _configured:
                 _configured.append(name)
         return Applied(tuple(actions), request.backends)
+
+
+# Frameworks that take most of the device at start unless told otherwise, and the
+# variable with which a user says so explicitly.
+_PREALLOCATING = {"jax": "XLA_PYTHON_CLIENT_PREALLOCATE", "tensorflow": "TF_FORCE_GPU_ALLOW_GROWTH"}
+
+
+def _safe_growth_default(
+    backend: object,
+    names: tuple[str, ...],
+    settings: dict[str, Settings],
+    growth: object,
+    fraction: object,
+    limit: object,
+) -> dict[str, list[str]]:
+    """Turn growth on for preallocating frameworks when several frameworks share the process.
+
+    A framework that preallocates (JAX 75% of the device, TF nearly all of it) starves
+    the others. Applies only where the user said nothing about growth: no ``growth=``,
+    no preallocation variable in the environment, and (TF) no cap, which TF cannot
+    combine with growth. Returns ``{backend: frameworks sharing}`` for those changed.
+    """
+    if growth is not None:
+        return {}
+    auto = isinstance(backend, str) and backend.strip().lower() == "auto"
+    split = isinstance(fraction, dict) or isinstance(limit, dict)
+    sharing = list(registry.imported_frameworks())
+    if not auto or split:
+        sharing += [n for n in names if n in registry.FRAMEWORKS and n not in sharing]
+    if len(sharing) < 2:
+        return {}
+    changed: dict[str, list[str]] = {}
+    for name in names:
+        variable = _PREALLOCATING.get(name)
+        if variable is None or name not in sharing or os.environ.get(variable) is not None:
+            continue
+        current = settings[name]
+        if name == "tensorflow" and (current.fraction is not None or current.limit is not None):
+            continue  # capped: it takes only its share, and growth would conflict with the cap
+        settings[name] = dataclasses.replace(current, growth=True)
+        changed[name] = sharing
+    return changed
 
 
 def configure_from_env() -> Applied:
