@@ -98,6 +98,7 @@ def configure(
         request = Request.build(
             names, fraction=fraction, limit=limit, growth=growth, allocator=allocator, devices=devices
         )
+        spread = isinstance(backend, str) and backend.strip().lower() == "auto" and not registry.imported_frameworks()
         settings = dict(request.settings)
         defaulted = _safe_growth_default(backend, request.backends, settings, growth, fraction, limit)
         plans: list[Step] = []
@@ -130,6 +131,17 @@ def configure(
                     )
                     _log.info("%s: %s", step.backend, step.note)
 
+        if spread:
+            # Settings spread over every installed framework (none imported yet) are meant
+            # for whichever one the script will use: one that cannot take a setting is
+            # skipped, as long as another framework can.
+            for step in plans:
+                if step.unsupported and any(
+                    o.setting == step.setting and not o.unsupported for o in plans if o is not step
+                ):
+                    step.status = "skipped"
+                    step.note = f"unsupported: {step.unsupported}"
+                    step.unsupported = None
         refused = [s for s in plans if s.unsupported or s.too_late]
         if refused and strict:
             first = refused[0]

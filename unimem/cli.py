@@ -173,5 +173,103 @@ def matrix(check: bool, output: str | None) -> None:
     click.echo(f"wrote {target}")
 
 
+class _RunCommand(click.Command):
+    """Remembers whether ``--`` separated unimem's options from the command."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["unimem_dashdash"] = "--" in args
+        return super().parse_args(ctx, args)
+
+
+def _split_option(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """``0.5`` stays a number/size; ``torch=0.5,jax=0.3`` becomes a per-backend split."""
+    if value is None or "=" not in value:
+        if value is not None and param.name == "fraction":
+            try:
+                return float(value)
+            except ValueError:
+                raise click.BadParameter(f"expected a number in (0, 1], got {value!r}") from None
+        return value
+    split: dict[str, Any] = {}
+    for part in value.split(","):
+        name, sep, item = part.partition("=")
+        if not sep:
+            raise click.BadParameter(f"cannot read {part!r}; write 0.5 or torch=0.5,jax=0.3")
+        if param.name == "fraction":
+            try:
+                split[name.strip()] = float(item)
+            except ValueError:
+                raise click.BadParameter(f"expected a number for {name.strip()}, got {item!r}") from None
+        else:
+            split[name.strip()] = item.strip()
+    return split
+
+
+@main.command(
+    cls=_RunCommand,
+    context_settings={"allow_interspersed_args": False},
+    short_help="Run a command with a memory configuration applied.",
+)
+@click.option("--backend", "-b", default="auto", show_default=True, help="Backend(s), comma-separated.")
+@click.option("--fraction", callback=_split_option, help="Cap as a share of the device: 0.25 or torch=0.5,jax=0.3.")
+@click.option("--limit", callback=_split_option, help="Cap in bytes or a size: 8GiB, or torch=8GiB,jax=4GiB.")
+@click.option("--growth/--no-growth", default=None, help="Allocate on demand / preallocate the allowance.")
+@click.option("--allocator", type=click.Choice(["default", "async", "expandable", "uncached"]))
+@click.option("--devices", help="Visible device indices, comma-separated (CUDA_VISIBLE_DEVICES semantics).")
+@click.option("--verbose", "-v", is_flag=True, help="Print what was applied, here and in each Python started.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def run(
+    ctx: click.Context,
+    backend: str,
+    fraction: Any,
+    limit: Any,
+    growth: bool | None,
+    allocator: str | None,
+    devices: str | None,
+    verbose: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Apply a configuration to an unmodified script: unimem run --fraction 0.25 -- python train.py
+
+    Settings the framework reads from the environment go into the command's environment;
+    API-only settings (torch's fraction cap) are made by a startup hook when the script
+    imports the framework. The command gets its arguments verbatim (no shell) and its exit
+    status is unimem's.
+    """
+    import unimem
+
+    if not ctx.meta.get("unimem_dashdash") or not command:
+        raise click.UsageError("put the command after --, e.g. unimem run --fraction 0.25 -- python train.py")
+    device_list: list[int] | None = None
+    if devices is not None:
+        try:
+            device_list = [int(part) for part in devices.split(",")]
+        except ValueError:
+            raise click.BadParameter(f"expected indices such as 0,1, got {devices!r}", param_hint="--devices") from None
+    names = [part.strip() for part in backend.split(",") if part.strip()]
+    settings: dict[str, Any] = {
+        "backend": names[0] if len(names) == 1 else names,
+        "fraction": fraction,
+        "limit": limit,
+        "growth": growth,
+        "allocator": allocator,
+        "devices": device_list,
+    }
+    from .run import exec_command
+
+    try:
+        exec_command(command, settings, verbose=verbose)
+    except unimem.UnimemError as exc:
+        click.echo(f"unimem run: error: {exc}", err=True)
+        sys.exit(2)
+    except FileNotFoundError:
+        click.echo(f"unimem run: command not found: {command[0]}", err=True)
+        sys.exit(127)
+    except PermissionError:
+        click.echo(f"unimem run: permission denied: {command[0]}", err=True)
+        sys.exit(126)
+
+
 if __name__ == "__main__":
     main()

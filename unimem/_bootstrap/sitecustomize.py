@@ -1,0 +1,53 @@
+"""Startup hook for ``unimem run``: applies UNIMEM_* settings in every Python the command starts.
+
+``unimem run`` puts this folder first on PYTHONPATH, so Python imports this file at
+start-up (before the script). Env-based settings are already in the environment; what
+only an API call can make (torch's fraction cap, TF's memory_limit) is made here, by
+hooks that fire when the script imports the framework. A ``sitecustomize`` the
+environment had before is still run afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+
+def _apply() -> None:
+    try:
+        import unimem
+    except ImportError as exc:
+        sys.stderr.write(
+            f"unimem run: unimem is not importable by {sys.executable} ({exc}); only the environment "
+            "variables were applied, not API-only settings such as torch's fraction cap\n"
+        )
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        # `unimem run` already printed these warnings when it applied the same settings.
+        warnings.simplefilter("ignore", unimem.UnimemWarning)
+        applied = unimem.configure_from_env()
+    if os.environ.get("UNIMEM_VERBOSE") == "1":
+        sys.stderr.write(f"unimem run: in {sys.executable} (pid {os.getpid()}):\n{applied}\n")
+
+
+def _chain_previous_sitecustomize() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    saved_path = list(sys.path)
+    saved_module = sys.modules.pop("sitecustomize", None)
+    try:
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+        importlib.import_module("sitecustomize")
+    except ImportError:
+        pass
+    finally:
+        sys.path[:] = saved_path
+        if saved_module is not None:
+            sys.modules["sitecustomize"] = saved_module
+
+
+if os.environ.get("UNIMEM_RUN") == "1":
+    _apply()
+_chain_previous_sitecustomize()
