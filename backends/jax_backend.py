@@ -126,6 +126,21 @@ class JaxBackend(Backend):
             "gc.collect() + jax.clear_caches()",
             note="the BFC pool never shrinks, so this returns 0 unless allocator='uncached'",
         ),
+        "precision.bf16": Support(
+            Level.EMULATED,
+            "policy.cast_to_compute / cast_to_param / cast_to_output (jax.tree_util)",
+            note="JAX has no autocast or global dtype policy: the step casts its pytrees",
+        ),
+        "precision.fp16": Support(
+            Level.EMULATED,
+            "policy.cast_to_compute / cast_to_param / cast_to_output (jax.tree_util)",
+            note="JAX has no autocast or global dtype policy: the step casts its pytrees",
+        ),
+        "precision.loss_scaling": Support(
+            Level.EMULATED,
+            "policy.loss_scaler() (a pytree: pass it into jax.jit and return it)",
+            note="implemented in unimem with jax.numpy; no jmp/optax needed",
+        ),
     }
 
     def __init__(self) -> None:

@@ -233,6 +233,10 @@ class NvmlBackend(Backend):
         ),
         "reset_peak": Support(Level.UNSUPPORTED, note="NVML keeps no peak"),
         "clear_cache": Support(Level.UNSUPPORTED, note=_NO_CONFIG),
+        **{
+            feature: Support(Level.UNSUPPORTED, note="NVML observes memory and runs no computation")
+            for feature in ("precision.bf16", "precision.fp16", "precision.loss_scaling")
+        },
     }
 
     def phase(self) -> Phase:

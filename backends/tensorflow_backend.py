@@ -79,6 +79,21 @@ class TensorFlowBackend(Backend):
         "clear_cache": Support(
             Level.UNSUPPORTED, note="nothing frees TF's pool short of process exit; clear_cache() returns 0"
         ),
+        "precision.bf16": Support(
+            Level.NATIVE,
+            "keras.mixed_precision.set_global_policy('mixed_bfloat16')",
+            note="layers built after enable() take it; a GPU needs compute capability 8.0",
+        ),
+        "precision.fp16": Support(
+            Level.NATIVE,
+            "keras.mixed_precision.set_global_policy('mixed_float16')",
+            note="layers built after enable() take it",
+        ),
+        "precision.loss_scaling": Support(
+            Level.NATIVE,
+            "keras.optimizers.LossScaleOptimizer (policy.wrap_optimizer)",
+            note="policy.loss_scaler() for a tf.GradientTape loop (tf.Variable state, works in tf.function)",
+        ),
     }
 
     def __init__(self) -> None:

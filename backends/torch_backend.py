@@ -116,6 +116,22 @@ class TorchBackend(Backend):
         "stats.process_used": Support(Level.NATIVE, "NVML (nvmlDeviceGetComputeRunningProcesses)"),
         "reset_peak": Support(Level.NATIVE, "torch.cuda.reset_peak_memory_stats"),
         "clear_cache": Support(Level.NATIVE, "torch.cuda.empty_cache", note="returns the drop in reserved bytes"),
+        "precision.bf16": Support(
+            Level.NATIVE,
+            "torch.autocast(device, dtype=torch.bfloat16)",
+            note="on CUDA if available, else the CPU; a GPU needs torch.cuda.is_bf16_supported(); "
+            "autocast state is per thread",
+        ),
+        "precision.fp16": Support(
+            Level.NATIVE,
+            "torch.autocast(device, dtype=torch.float16)",
+            note="CPU autocast takes fp16 only in recent torch: mixed_precision() refuses it where torch would not",
+        ),
+        "precision.loss_scaling": Support(
+            Level.EMULATED,
+            "(torch.amp.GradScaler semantics over a list of gradients)",
+            note="unscales in place with GradScaler's fused kernel; one host sync per step for `finite`",
+        ),
     }
 
     def __init__(self) -> None:

@@ -24,6 +24,8 @@ from .errors import (
     UnimemWarning,
     UnsupportedFeature,
 )
+from .loss_scaling import LossScaler
+from .precision import Policy, mixed_precision
 from .registry import available_backends
 from .sizes import format_bytes, parse_size
 from .stats import MemoryStats
@@ -37,9 +39,11 @@ __all__ = [
     "BackendUnavailable",
     "ConfigError",
     "Level",
+    "LossScaler",
     "MemoryStats",
     "OutOfMemory",
     "Phase",
+    "Policy",
     "Support",
     "TooLateError",
     "UnimemError",
@@ -52,6 +56,7 @@ __all__ = [
     "configure",
     "configure_from_env",
     "format_bytes",
+    "mixed_precision",
     "parse_size",
     "reset_peak",
     "stats",

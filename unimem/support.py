@@ -88,4 +88,7 @@ FEATURES: dict[str, str] = {
     "stats.process_used": "`stats().process_used` (NVML, this process)",
     "reset_peak": "`reset_peak()`",
     "clear_cache": "`clear_cache()` gives cached memory back",
+    "precision.bf16": "mixed precision bf16 (`mixed_precision('bf16')`)",
+    "precision.fp16": "mixed precision fp16 (`mixed_precision('fp16')`)",
+    "precision.loss_scaling": "dynamic loss scaling (`policy.loss_scaler()`)",
 }

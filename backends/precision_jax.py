@@ -1,0 +1,185 @@
+"""Mixed precision for JAX: pytree casting and a jit-able dynamic loss scaler.
+
+JAX has no autocast and no global dtype policy: a policy is the casts a training
+step makes (parameters and inputs to the compute dtype, outputs back to float32)
+and the loss scaler. Implemented here with ``jax.tree_util`` and ``jax.numpy`` only
+(jmp, the library that used to do this, is unmaintained).
+
+Imported by ``unimem.precision`` only once a policy is asked for JAX. Same function
+names as ``precision_torch`` and ``precision_tensorflow``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from unimem.loss_scaling import LossScaler, NoLossScaling, ScalerConfig
+from unimem.support import Phase
+
+__all__ = ["JaxLossScaler", "cast", "check", "device", "dtype", "enable", "loss_scaler"]
+
+
+def _jax() -> Any:
+    import jax
+    import jax.numpy  # noqa: F401  (the methods below read it from sys.modules)
+
+    return jax
+
+
+def device() -> str:
+    """JAX's platform (``"cpu"``, ``"gpu"``) once its backend started; ``"auto"`` before.
+
+    Asking earlier would start the backend, and with it preallocate 75% of the GPU
+    before ``configure()`` had its say.
+    """
+    from unimem.registry import get_backend
+
+    if get_backend("jax").phase() is not Phase.INITIALIZED:
+        return "auto"
+    return str(_jax().default_backend())
+
+
+def dtype(name: str) -> Any:
+    _jax()
+    return sys.modules["jax.numpy"].dtype(name)
+
+
+def check(precision: str, compute_dtype: str, device: str) -> None:
+    """Nothing to refuse: XLA compiles bfloat16 and float16 for the CPU and every
+    CUDA GPU (on GPUs before compute capability 8.0 it computes bf16 through float32)."""
+    return None
+
+
+def cast(tree: Any, name: str) -> Any:
+    jax = _jax()
+    jnp = sys.modules["jax.numpy"]
+    target = jnp.dtype(name)
+
+    def one(leaf: Any) -> Any:
+        leaf_dtype = getattr(leaf, "dtype", None)
+        if leaf_dtype is None or not jnp.issubdtype(leaf_dtype, jnp.floating) or leaf_dtype == target:
+            return leaf
+        return jnp.asarray(leaf, dtype=target)
+
+    return jax.tree_util.tree_map(one, tree)
+
+
+def enable(precision: str, compute_dtype: str, device: str) -> Callable[[], None]:
+    """No global state to change: the policy acts through its casts."""
+
+    def restore() -> None:
+        return None
+
+    return restore
+
+
+class JaxLossScaler(LossScaler):
+    """Dynamic loss scaling as a JAX pytree: pass it into a jitted step and return it.
+
+    Eagerly it behaves like the torch and TF scalers (``finite`` is a Python bool,
+    ``update`` changes the object). Inside ``jax.jit`` the scaler argument is a traced
+    copy: ``update`` changes that copy, so return it from the step and use the
+    returned one (closing over a scaler inside ``jit`` would freeze its scale as a
+    constant)::
+
+        @jax.jit
+        def step(params, scaler, batch):
+            grads = jax.grad(lambda p: scaler.scale(loss_fn(p, batch)))(params)
+            grads, finite = scaler.unscale(grads)
+            params = jax.tree.map(lambda p, g: jnp.where(finite, p - lr * g, p), params, grads)
+            scaler.update(finite)
+            return params, scaler
+    """
+
+    def __init__(self, config: ScalerConfig) -> None:
+        super().__init__(config, "jax")
+        jnp = sys.modules["jax.numpy"]
+        self._scale: Any = jnp.asarray(config.initial_scale, dtype=jnp.float32)
+        self._good_steps: Any = jnp.asarray(0, dtype=jnp.int32)
+
+    # --- pytree ------------------------------------------------------------------
+    def tree_flatten(self) -> tuple[tuple[Any, Any], ScalerConfig]:
+        return (self._scale, self._good_steps), self.config
+
+    @classmethod
+    def tree_unflatten(cls, config: ScalerConfig, children: tuple[Any, Any]) -> JaxLossScaler:
+        scaler = cls.__new__(cls)
+        LossScaler.__init__(scaler, config, "jax")
+        # JAX also unflattens with placeholders (None, object()): store, never convert.
+        scaler._scale, scaler._good_steps = children
+        return scaler
+
+    # --- the uniform surface ---------------------------------------------------------
+    @property
+    def scale_value(self) -> float:
+        return float(self._scale)
+
+    @property
+    def good_steps(self) -> int:
+        return int(self._good_steps)
+
+    def scale(self, loss: Any) -> Any:
+        jnp = sys.modules["jax.numpy"]
+        # float32 first: an fp16 loss times 2**15 would itself overflow.
+        return jnp.asarray(loss, dtype=jnp.float32) * self._scale
+
+    def unscale(self, grads: Any) -> tuple[Any, Any]:
+        jax = sys.modules["jax"]
+        jnp = sys.modules["jax.numpy"]
+        inverse = 1.0 / self._scale
+
+        def one(grad: Any) -> Any:
+            if not jnp.issubdtype(grad.dtype, jnp.floating):
+                return grad  # float0 / integer "gradients" of non-differentiable inputs
+            return (grad * inverse).astype(grad.dtype)
+
+        unscaled = jax.tree_util.tree_map(one, grads)
+        checks = [
+            jnp.all(jnp.isfinite(g))
+            for g in jax.tree_util.tree_leaves(unscaled)
+            if jnp.issubdtype(g.dtype, jnp.floating)
+        ]
+        finite = jnp.all(jnp.stack(checks)) if checks else jnp.asarray(True)
+        try:
+            return unscaled, bool(finite)
+        except jax.errors.ConcretizationTypeError:  # inside jit: the traced boolean
+            return unscaled, finite
+
+    def update(self, finite: Any) -> None:
+        jnp = sys.modules["jax.numpy"]
+        config = self.config
+        finite = jnp.asarray(finite, dtype=bool)
+        good_steps = self._good_steps + 1
+        grow = finite & (good_steps >= config.growth_interval)
+        grown = self._scale * jnp.float32(config.growth_factor)
+        kept_or_grown = jnp.where(grow & jnp.isfinite(grown), grown, self._scale)
+        self._scale = jnp.where(finite, kept_or_grown, self._scale * jnp.float32(config.backoff_factor))
+        self._good_steps = jnp.where(finite & ~grow, good_steps, 0).astype(jnp.int32)
+
+
+_registered = False
+_register_lock = threading.Lock()
+
+
+def _register_pytree() -> None:
+    """Registered on first use: registering at import would need jax at import."""
+    global _registered
+    with _register_lock:
+        if not _registered:
+            tree_util = _jax().tree_util
+            tree_util.register_pytree_node(JaxLossScaler, JaxLossScaler.tree_flatten, JaxLossScaler.tree_unflatten)
+            # The no-op scaler of bf16/fp32 goes into jitted steps too: a leafless pytree.
+            tree_util.register_pytree_node(
+                NoLossScaling,
+                lambda scaler: ((), (scaler.config, scaler.backend)),
+                lambda aux, _: NoLossScaling(*aux),
+            )
+            _registered = True
+
+
+def loss_scaler(config: ScalerConfig, enabled: bool) -> LossScaler:
+    _register_pytree()
+    return JaxLossScaler(config) if enabled else NoLossScaling(config, "jax")

@@ -1,0 +1,164 @@
+"""Dynamic loss scaling with one surface for torch, TensorFlow and JAX.
+
+fp16 has 5 exponent bits: small gradients flush to zero. Multiplying the loss by a
+large factor before the backward pass keeps them representable; dividing the
+gradients by it afterwards restores their size. When the factor is too large the
+gradients overflow: the step is skipped and the factor shrinks. After
+``growth_interval`` good steps in a row it grows again. These are the semantics of
+``torch.amp.GradScaler`` and Keras' ``LossScaleOptimizer``; every backend here keeps
+them exactly, so one training loop serves all three::
+
+    scaler = policy.loss_scaler()
+    grads = gradient_of(scaler.scale(loss))
+    grads, finite = scaler.unscale(grads)
+    if finite:
+        apply(grads)
+    scaler.update(finite)
+
+This module is framework-free: the framework-specific scalers live in
+``unimem.backends.precision_<framework>`` and subclass ``LossScaler``.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["LossScaler", "NoLossScaling", "ScalerConfig", "next_scale"]
+
+
+@dataclass(frozen=True)
+class ScalerConfig:
+    """The four numbers of dynamic loss scaling, validated."""
+
+    initial_scale: float = 2.0**15
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+    @classmethod
+    def build(
+        cls, initial_scale: object, growth_factor: object, backoff_factor: object, growth_interval: object
+    ) -> ScalerConfig:
+        """Check every argument; a bad one is a ``ConfigError`` naming it."""
+
+        def number(name: str, value: object) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(name, f"expected a finite number, got {value!r}")
+            return float(value)
+
+        initial = number("initial_scale", initial_scale)
+        if initial <= 0:
+            raise ConfigError("initial_scale", f"must be more than 0, got {initial_scale!r} (2**15 is usual)")
+        growth = number("growth_factor", growth_factor)
+        if growth <= 1:
+            raise ConfigError("growth_factor", f"must be more than 1, got {growth_factor!r} (2 is usual)")
+        backoff = number("backoff_factor", backoff_factor)
+        if not 0 < backoff < 1:
+            raise ConfigError("backoff_factor", f"must be between 0 and 1, got {backoff_factor!r} (0.5 is usual)")
+        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
+            raise ConfigError(
+                "growth_interval", f"expected a whole number of steps, 1 or more, got {growth_interval!r}"
+            )
+        return cls(initial, growth, backoff, growth_interval)
+
+
+def next_scale(config: ScalerConfig, scale: float, good_steps: int, finite: bool) -> tuple[float, int]:
+    """``(scale, good_steps)`` after a step whose gradients were ``finite`` or not.
+
+    The reference the framework scalers follow (torch's ``_amp_update_scale_``):
+    an overflow multiplies the scale by ``backoff_factor`` and restarts the count;
+    ``growth_interval`` finite steps in a row multiply it by ``growth_factor``
+    (unless that would overflow float32) and restart the count.
+    """
+    if not finite:
+        return scale * config.backoff_factor, 0
+    good_steps += 1
+    if good_steps >= config.growth_interval:
+        grown = scale * config.growth_factor
+        # float32 is what the scale multiplies; past its max the scale itself would be inf.
+        return (grown if grown <= 3.4028234663852886e38 else scale), 0
+    return scale, good_steps
+
+
+class LossScaler(ABC):
+    """The uniform loss-scaling surface; ``policy.loss_scaler()`` returns one.
+
+    ``finite`` is a Python ``bool`` when run eagerly. Inside ``jax.jit`` or
+    ``tf.function`` it is the framework's boolean scalar (a Python ``if`` cannot
+    branch on a traced value there: use ``jnp.where`` / ``lax.cond``, or let
+    AutoGraph turn the ``if`` into ``tf.cond``).
+    """
+
+    def __init__(self, config: ScalerConfig, backend: str) -> None:
+        self.config = config
+        self.backend = backend
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this scaler scales at all (only under fp16, unless asked)."""
+        return True
+
+    @property
+    @abstractmethod
+    def scale_value(self) -> float:
+        """The current loss scale as a Python float."""
+
+    @property
+    @abstractmethod
+    def good_steps(self) -> int:
+        """Finite steps in a row since the scale last changed."""
+
+    @abstractmethod
+    def scale(self, loss: Any) -> Any:
+        """``loss`` in float32 times the current scale: differentiate this one."""
+
+    @abstractmethod
+    def unscale(self, grads: Any) -> tuple[Any, Any]:
+        """``(grads / scale, finite)``; ``grads`` is any nesting of lists, tuples and
+        dicts of gradients (``None`` entries pass through)."""
+
+    @abstractmethod
+    def update(self, finite: Any) -> None:
+        """After the step: shrink the scale if ``finite`` is false, grow it after
+        ``growth_interval`` good steps in a row."""
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(backend={self.backend!r}, scale={self.scale_value:g}, "
+            f"good_steps={self.good_steps}, growth_interval={self.config.growth_interval})"
+        )
+
+
+class NoLossScaling(LossScaler):
+    """The scaler of bf16 and fp32: scale 1, nothing scaled, no step ever skipped.
+
+    ``unscale`` returns the gradients untouched and ``finite=True`` without looking
+    at them (looking would cost a device sync per step for nothing), as
+    ``torch.amp.GradScaler(enabled=False)`` does.
+    """
+
+    @property
+    def enabled(self) -> bool:
+        return False
+
+    @property
+    def scale_value(self) -> float:
+        return 1.0
+
+    @property
+    def good_steps(self) -> int:
+        return 0
+
+    def scale(self, loss: Any) -> Any:
+        return loss
+
+    def unscale(self, grads: Any) -> tuple[Any, bool]:
+        return grads, True
+
+    def update(self, finite: Any) -> None:
+        return None

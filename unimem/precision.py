@@ -1,0 +1,297 @@
+"""Mixed precision: one policy, three frameworks.
+
+``mixed_precision("bf16")`` returns a ``Policy``: which dtype computations run in,
+which the parameters are kept in, which outputs (the loss) come back in, and whether
+the loss is scaled. Turning it on is framework-specific and lives in
+``unimem.backends.precision_<framework>`` (imported only when that framework is
+used), each with the same function names:
+
+- torch: ``torch.autocast`` for the device in use (CUDA if available, else CPU);
+- tensorflow: the Keras global dtype policy (``mixed_bfloat16`` / ``mixed_float16``);
+- jax: no global state exists, so the policy casts pytrees (``cast_to_compute``,
+  ``cast_to_param``, ``cast_to_output``).
+
+Parameters always stay float32 ("mixed" precision: the update is exact enough; the
+activations, the bulk of training memory, are half size). Loss scaling is on for
+fp16 only: bf16 has float32's exponent range and does not underflow.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import registry
+from .errors import ConfigError, UnimemError, UnsupportedFeature
+from .loss_scaling import LossScaler, ScalerConfig
+
+__all__ = ["PRECISIONS", "Policy", "mixed_precision"]
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str  # "bf16"
+    compute_dtype: str  # dtype name every framework spells the same way
+    loss_scaling: bool
+    feature: str  # the FEATURES row in compat_matrix.md
+
+
+PRECISIONS: dict[str, Precision] = {
+    "bf16": Precision("bf16", "bfloat16", False, "precision.bf16"),
+    "fp16": Precision("fp16", "float16", True, "precision.fp16"),
+    "fp32": Precision("fp32", "float32", False, ""),  # no row: every backend computes in float32
+}
+# The dtype names are accepted too: they say the same thing.
+_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+PARAM_DTYPE = "float32"
+OUTPUT_DTYPE = "float32"  # losses and metrics are reduced in float32 whatever the compute dtype
+
+# One enabled policy at a time per backend: a stack so nested policies restore in order.
+_enabled: dict[str, list[Policy]] = {}
+_lock = threading.Lock()
+
+
+def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``tree`` with ``fn`` applied to every leaf; dicts, lists and tuples (named ones
+    too) keep their type, ``None`` stays ``None``. For torch and TF (JAX has its own)."""
+    if tree is None:
+        return None
+    if isinstance(tree, dict):
+        return type(tree)((key, map_leaves(fn, value)) for key, value in tree.items())
+    if isinstance(tree, list):
+        return [map_leaves(fn, item) for item in tree]
+    if isinstance(tree, tuple):
+        items = [map_leaves(fn, item) for item in tree]
+        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
+    return fn(tree)
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    """The leaves of ``tree`` in ``map_leaves`` order, ``None`` left out."""
+    found: list[Any] = []
+
+    def collect(leaf: Any) -> Any:
+        found.append(leaf)
+        return leaf
+
+    map_leaves(collect, tree)
+    return found
+
+
+def _parse_precision(precision: object) -> Precision:
+    if not isinstance(precision, str):
+        raise ConfigError("precision", f"expected 'bf16', 'fp16' or 'fp32', got {precision!r}")
+    key = precision.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in PRECISIONS:
+        raise ConfigError("precision", f"unknown precision {precision!r}; expected 'bf16', 'fp16' or 'fp32'")
+    return PRECISIONS[key]
+
+
+def _resolve_backend(backend: object) -> str:
+    """The framework a policy is for; never guesses between several and imports nothing."""
+    if backend is not None:
+        return registry.canonical_name(backend)
+    from .api import configured_backends
+
+    candidates = [name for name in configured_backends() if name in registry.FRAMEWORKS]
+    candidates += [name for name in registry.imported_frameworks() if name not in candidates]
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        raise ConfigError(
+            "backend", f"{' and '.join(candidates)} are all in use in this process; pass backend= one of them"
+        )
+    raise ConfigError(
+        "backend",
+        "no framework is configured or imported yet, so there is nothing to set a precision for; "
+        "pass backend='torch', 'tensorflow' or 'jax'",
+    )
+
+
+def _helpers(backend: str) -> types.ModuleType:
+    """``unimem.backends.precision_<backend>``: imports the framework."""
+    registry.get_backend(backend)  # BackendUnavailable with the install hint when it is missing
+    return importlib.import_module(f"unimem.backends.precision_{backend}")
+
+
+class Policy:
+    """A mixed-precision policy for one framework.
+
+    ``compute_dtype`` / ``param_dtype`` / ``output_dtype`` are dtype names
+    (``"bfloat16"``); ``dtype("compute")`` gives the framework's dtype object.
+    ``enable()`` (or ``with policy:``) turns it on; ``disable()`` restores exactly what
+    was in force before. ``loss_scaler()`` gives the uniform loss scaler (a no-op with
+    scale 1 unless ``loss_scaling``).
+    """
+
+    def __init__(self, precision: Precision, backend: str, helpers: types.ModuleType, device: str) -> None:
+        self._precision = precision
+        self._helpers = helpers
+        self._restore: Callable[[], None] | None = None
+        self._thread: int | None = None
+        self.backend = backend
+        self.device = device  # where computations run: "cuda", "cpu", "gpu", ...
+
+    # --- what the policy is -------------------------------------------------------
+    @property
+    def precision(self) -> str:
+        return self._precision.name
+
+    @property
+    def compute_dtype(self) -> str:
+        return self._precision.compute_dtype
+
+    @property
+    def param_dtype(self) -> str:
+        return PARAM_DTYPE
+
+    @property
+    def output_dtype(self) -> str:
+        return OUTPUT_DTYPE
+
+    @property
+    def loss_scaling(self) -> bool:
+        return self._precision.loss_scaling
+
+    @property
+    def active(self) -> bool:
+        return self._restore is not None
+
+    def dtype(self, which: str = "compute") -> Any:
+        """The framework's dtype object for ``"compute"``, ``"param"`` or ``"output"``."""
+        names = {"compute": self.compute_dtype, "param": self.param_dtype, "output": self.output_dtype}
+        if which not in names:
+            raise ConfigError("which", f"expected 'compute', 'param' or 'output', got {which!r}")
+        return self._helpers.dtype(names[which])
+
+    # --- casting (the whole policy in JAX; explicit control in torch and TF) --------
+    def cast_to_compute(self, tree: Any) -> Any:
+        """Floating-point leaves of ``tree`` (arrays, tensors, nested lists/tuples/dicts)
+        in the compute dtype; integer and boolean leaves (labels, masks) untouched."""
+        return self._helpers.cast(tree, self.compute_dtype)
+
+    def cast_to_param(self, tree: Any) -> Any:
+        """Floating-point leaves of ``tree`` in the parameter dtype (float32)."""
+        return self._helpers.cast(tree, self.param_dtype)
+
+    def cast_to_output(self, tree: Any) -> Any:
+        """Floating-point leaves of ``tree`` in the output dtype (float32): cast model
+        outputs to it before computing a loss."""
+        return self._helpers.cast(tree, self.output_dtype)
+
+    # --- on and off --------------------------------------------------------------------
+    def enable(self) -> Policy:
+        """Turn the policy on (no-op if it already is). Returns the policy.
+
+        torch: enters ``torch.autocast`` in this thread (autocast state is per thread);
+        tensorflow: sets the Keras global dtype policy, which layers built afterwards
+        take; jax: marks it active (JAX has no global precision state).
+        """
+        with _lock:
+            if self._restore is not None:
+                return self
+            self._restore = self._helpers.enable(self.precision, self.compute_dtype, self.device)
+            self._thread = threading.get_ident()
+            _enabled.setdefault(self.backend, []).append(self)
+        return self
+
+    def disable(self) -> None:
+        """Restore what was in force before ``enable()`` (no-op if not enabled)."""
+        with _lock:
+            if self._restore is None:
+                return
+            stack = _enabled.get(self.backend, [])
+            if stack and stack[-1] is not self:
+                raise UnimemError(
+                    f"{self.backend}: this {self.precision} policy was enabled before the "
+                    f"{stack[-1].precision} policy still on; disable that one first (policies nest)"
+                )
+            if self.backend == "torch" and self._thread != threading.get_ident():
+                raise UnimemError(
+                    "torch: autocast state belongs to the thread that enabled it; disable the policy in that thread"
+                )
+            restore, self._restore = self._restore, None
+            stack.pop()
+            restore()
+
+    def __enter__(self) -> Policy:
+        return self.enable()
+
+    def __exit__(self, *exc: object) -> None:
+        self.disable()
+
+    # --- loss scaling ----------------------------------------------------------------
+    def loss_scaler(
+        self,
+        initial_scale: float = 2.0**15,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        *,
+        enabled: bool | None = None,
+    ) -> LossScaler:
+        """The uniform dynamic loss scaler (see ``unimem.loss_scaling``).
+
+        On for fp16; for bf16 and fp32 a no-op with scale 1. ``enabled=True`` scales
+        under any precision, ``enabled=False`` never.
+        """
+        config = ScalerConfig.build(initial_scale, growth_factor, backoff_factor, growth_interval)
+        if enabled is not None and not isinstance(enabled, bool):
+            raise ConfigError("enabled", f"expected True, False or None, got {enabled!r}")
+        scaler: LossScaler = self._helpers.loss_scaler(config, self.loss_scaling if enabled is None else enabled)
+        return scaler
+
+    def wrap_optimizer(self, optimizer: Any, *, initial_scale: float = 2.0**15, growth_interval: int = 2000) -> Any:
+        """Keras only: under fp16 ``keras.optimizers.LossScaleOptimizer(optimizer, ...)``,
+        which scales inside ``model.fit``; otherwise ``optimizer`` itself."""
+        wrap = getattr(self._helpers, "wrap_optimizer", None)
+        if wrap is None:
+            raise UnsupportedFeature(
+                self.backend,
+                "wrap_optimizer",
+                "only Keras optimizers scale the loss themselves; use policy.loss_scaler() in the training loop",
+            )
+        config = ScalerConfig.build(initial_scale, 2.0, 0.5, growth_interval)
+        return optimizer if not self.loss_scaling else wrap(optimizer, config)
+
+    def __repr__(self) -> str:
+        return (
+            f"Policy(precision={self.precision!r}, backend={self.backend!r}, device={self.device!r}, "
+            f"compute_dtype={self.compute_dtype!r}, param_dtype={self.param_dtype!r}, "
+            f"output_dtype={self.output_dtype!r}, loss_scaling={self.loss_scaling}, active={self.active})"
+        )
+
+
+def mixed_precision(precision: str, backend: str | None = None) -> Policy:
+    """A mixed-precision policy (``"bf16"``, ``"fp16"`` or ``"fp32"``) for ``backend``.
+
+    ``backend=None`` takes the one framework configured or imported. Nothing is
+    switched on until ``policy.enable()`` or ``with policy:``. A precision the device
+    cannot run (bf16 on a GPU before compute capability 8.0, fp16 where the framework
+    refuses it) is a ``ConfigError`` naming ``precision`` and the reason.
+
+    Imports the framework (it has to ask it what the device can do); on torch it
+    does not start CUDA when NVML can answer, so ``configure()`` may still follow.
+    """
+    chosen = _parse_precision(precision)
+    name = _resolve_backend(backend)
+    if name not in registry.FRAMEWORKS:
+        raise UnsupportedFeature(
+            name,
+            "precision",
+            "NVML observes memory and runs no computation; pass backend='torch', 'tensorflow' or 'jax'",
+        )
+    if chosen.feature:
+        support = registry.capability_table(name).get(chosen.feature)
+        if support is None or not support.supported:
+            note = support.note if support is not None else "no capability entry"
+            raise UnsupportedFeature(name, chosen.feature, f"{note}; pass backend='torch', 'tensorflow' or 'jax'")
+    helpers = _helpers(name)
+    device = helpers.device()
+    helpers.check(chosen.name, chosen.compute_dtype, device)  # ConfigError("precision", reason)
+    return Policy(chosen, name, helpers, device)
