@@ -1,0 +1,164 @@
+"""Run the GPU suite and write ``evidence/gpu.json`` (run it on the GPU machine).
+
+    python tests/gpu/run_suite.py [--out evidence/gpu.json] [--machine TEXT] [-- PYTEST ARGS]
+
+pytest runs in a subprocess with ``UNIMEM_REQUIRE_GPU=1`` (a missing GPU fails rather
+than skips); the suite's conftest writes each test's outcome, covers and figures, and
+this script adds the machine, driver and versions. The schema, which
+``unimem/matrix.py`` reads, is::
+
+    {"machine": str, "gpu": str, "driver": str, "cuda": str | None, "python": str,
+     "versions": {"torch", "jax", "jaxlib", "nvidia-ml-py", "unimem"}, "date": "YYYY-MM-DD",
+     "command": str,
+     "tests": [{"nodeid", "outcome": "passed" | "failed" | "skipped", "covers": [str],
+                "figures": {str: number | str}, "message": str}]}
+
+Without a GPU it runs nothing and exits 0 with a note, unless ``--allow-no-gpu`` (then
+every test is reported skipped; the evidence file is written only when ``--out`` names it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+DEFAULT_OUT = ROOT / "evidence" / "gpu.json"
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def gpu_and_driver() -> tuple[str | None, str | None]:
+    """GPU name(s) and driver from NVML, else nvidia-smi; (None, None) without a GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        names = [
+            _text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(pynvml.nvmlDeviceGetCount())
+        ]
+        if names:
+            gpu = names[0] if len(set(names)) == 1 and len(names) == 1 else f"{len(names)}x {names[0]}"
+            return gpu, _text(pynvml.nvmlSystemGetDriverVersion())
+    except Exception:
+        pass
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        rows = [line.split(",") for line in out.stdout.strip().splitlines() if "," in line]
+        if out.returncode == 0 and rows:
+            return rows[0][0].strip(), rows[0][1].strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return None, None
+
+
+def cuda_version() -> str | None:
+    """The CUDA that torch was built with, asked in a subprocess (this one imports no framework);
+    else the driver's CUDA version from NVML."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.version.cuda or '')"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        text = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+        if out.returncode == 0 and text:
+            return text
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+        return f"{version // 1000}.{version % 1000 // 10}"
+    except Exception:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help=f"evidence file (default {DEFAULT_OUT})")
+    parser.add_argument("--machine", default="nvidia-h200 (device tool)", help="how the machine is named")
+    parser.add_argument("--allow-no-gpu", action="store_true", help="run (and skip) without a GPU")
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
+    args = parser.parse_args(argv)
+
+    gpu, driver = gpu_and_driver()
+    if gpu is None and not args.allow_no_gpu:
+        print("run_suite: no NVIDIA GPU here (NVML and nvidia-smi found none); nothing run, nothing written")
+        return 0
+    out: Path = args.out or (DEFAULT_OUT if gpu is not None else None)  # type: ignore[assignment]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tests_file = Path(tmp) / "tests.json"
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(HERE),
+            "-p",
+            "no:cacheprovider",
+            "-v",
+            "-rA",
+            f"--evidence-tests={tests_file}",
+            *args.pytest_args,
+        ]
+        env = dict(os.environ)
+        if gpu is not None:
+            env["UNIMEM_REQUIRE_GPU"] = "1"
+        print("run_suite:", shlex.join(command), flush=True)
+        code = subprocess.run(command, cwd=tmp, env=env).returncode
+        tests = json.loads(tests_file.read_text())["tests"] if tests_file.is_file() else []
+
+    evidence = {
+        "machine": args.machine if gpu is not None else f"{platform.node()} (no GPU)",
+        "gpu": gpu or "none",
+        "driver": driver or "none",
+        "cuda": cuda_version() if gpu is not None else None,
+        "python": platform.python_version(),
+        "versions": {name: _version(name) for name in ("torch", "jax", "jaxlib", "nvidia-ml-py", "unimem")},
+        "date": datetime.date.today().isoformat(),
+        "command": shlex.join(["python", *sys.argv]) if argv is None else shlex.join(["run_suite.py", *argv]),
+        "tests": tests,
+    }
+    counts = {o: sum(1 for t in tests if t["outcome"] == o) for o in ("passed", "failed", "skipped")}
+    print(f"run_suite: pytest exit {code}; {counts}")
+    if out is None:
+        print("run_suite: no GPU and no --out: evidence not written")
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(evidence, indent=2) + "\n")
+        print(f"run_suite: wrote {out}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
