@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             "-m",
             "pytest",
             str(HERE),
+            # the CPU suite's tests/conftest.py (framework checks, state restore) is not ours
+            f"--confcutdir={HERE}",
             "-p",
             "no:cacheprovider",
             "-v",
