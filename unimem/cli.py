@@ -173,6 +173,84 @@ def matrix(check: bool, output: str | None) -> None:
     click.echo(f"wrote {target}")
 
 
+@main.command()
+@click.option(
+    "--framework", "-f", "frameworks", multiple=True, help="Framework to include (repeatable); default: all installed."
+)
+@click.option("--workload", "-w", "workloads", multiple=True, help="mlp, transformer (repeatable); default: both.")
+@click.option("--config", "-c", "configs", multiple=True, help="default, growth, cap, bf16 (repeatable); default: all.")
+@click.option("--size", default="small", show_default=True, type=click.Choice(["small", "large"]))
+@click.option("--steps", default=5, show_default=True, help="Timed steps per run (after 2 warm-up steps).")
+@click.option(
+    "--out", "-o", type=click.Path(file_okay=False), default=None, help="Folder for compare.json and compare.png."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
+def compare(
+    frameworks: tuple[str, ...],
+    workloads: tuple[str, ...],
+    configs: tuple[str, ...],
+    size: str,
+    steps: int,
+    out: str | None,
+    as_json: bool,
+) -> None:
+    """The same workloads in each installed framework and configuration, each in a fresh process."""
+    from pathlib import Path
+
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from . import compare as compare_module
+
+    console = _console()
+    with Progress(console=console, transient=True) as bar:
+        total = (
+            (len(frameworks) or len([b for b in registry.available_backends() if b in registry.FRAMEWORKS]))
+            * (len(workloads) or len(compare_module.WORKLOADS))
+            * (len(configs) or len(compare_module.CONFIGS))
+        )
+        task = bar.add_task("comparing", total=total)
+
+        started = {"first": True}
+
+        def on_step(label: str) -> None:
+            if not started["first"]:
+                bar.advance(task)
+            started["first"] = False
+            bar.update(task, description=label)
+
+        result = compare_module.compare(
+            frameworks or None,
+            workloads or compare_module.WORKLOADS,
+            configs or tuple(compare_module.CONFIGS),
+            size=size,
+            steps=steps,
+            progress=on_step,
+        )
+    if out is not None:
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        result.to_json(folder / "compare.json")
+        result.plot(folder / "compare.png")
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    header, rows = compare_module.table_rows(result)
+    table = Table(title=f"unimem compare · {result.machine['device']} · size {size}")
+    for column in header:
+        table.add_column(column, justify="left" if column in ("framework", "workload", "config") else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    if not result.has_gpu:
+        console.print(
+            "No GPU here: device figures (held at start, peaks, NVML process peak) are n/a; "
+            "host peak RSS is the process's memory on the CPU."
+        )
+    if out is not None:
+        console.print(f"wrote {Path(out) / 'compare.json'} and {Path(out) / 'compare.png'}")
+
+
 class _RunCommand(click.Command):
     """Remembers whether ``--`` separated unimem's options from the command."""
 

@@ -1,0 +1,214 @@
+"""``unimem compare``: the same workloads in every installed framework, side by side.
+
+Each (framework, workload, configuration) runs in a fresh process (settings are
+process-global and peaks must not mix), one after another (so they never share the
+device). Figures a machine cannot give are None: without a GPU there are no device
+figures, and the host memory of the process (peak RSS) is reported instead.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import registry
+from ._compare_worker import CONFIGS
+from .errors import ConfigError
+from .workloads import SIZES
+
+__all__ = ["CONFIGS", "Comparison", "compare"]
+
+WORKLOADS = ("mlp", "transformer")
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Comparison:
+    """All runs of one comparison plus where and with what they ran."""
+
+    results: list[dict[str, Any]]
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_gpu(self) -> bool:
+        return any(r.get("process_peak") is not None or r.get("peak_reserved") is not None for r in self.results)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_VERSION, "machine": self.machine, "results": self.results}
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.as_dict(), indent=2) + "\n", encoding="utf-8")
+
+    def plot(self, path: str | Path) -> None:
+        """A PNG: memory (device peak, or host peak RSS without a GPU) and step time per run."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        workloads = sorted({r["workload"] for r in self.results})
+        fig, axes = plt.subplots(2, len(workloads), figsize=(6.5 * len(workloads), 7), squeeze=False)
+        memory_key = "process_peak" if self.has_gpu else "host_peak_rss"
+        memory_label = "process peak on the GPU (NVML), GiB" if self.has_gpu else "host peak RSS, GiB (no GPU here)"
+        frameworks = sorted({r["framework"] for r in self.results})
+        configs = [c for c in CONFIGS if any(r["config"] == c for r in self.results)]
+        width = 0.8 / max(1, len(frameworks))
+        for col, workload in enumerate(workloads):
+            for row, (key, label, scale) in enumerate(
+                [(memory_key, memory_label, 2**30), ("step_ms", "median step time, ms", 1)]
+            ):
+                ax = axes[row][col]
+                for i, fw in enumerate(frameworks):
+                    values = []
+                    for config in configs:
+                        match = [
+                            r
+                            for r in self.results
+                            if r["framework"] == fw and r["workload"] == workload and r["config"] == config
+                        ]
+                        value = match[0].get(key) if match and match[0].get("ok") else None
+                        values.append(float("nan") if value is None else value / scale)
+                    ax.bar([x + i * width for x in range(len(configs))], values, width, label=fw)
+                ax.set_xticks([x + width * (len(frameworks) - 1) / 2 for x in range(len(configs))], configs)
+                ax.set_ylabel(label)
+                ax.set_title(f"{workload}")
+                ax.legend(fontsize=8)
+        device = self.machine.get("device", "?")
+        fig.suptitle(f"unimem compare · {device} · size {self.machine.get('size', '?')}")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+
+def _machine(size: str, steps: int) -> dict[str, Any]:
+    versions = {}
+    for name in registry.FRAMEWORKS:
+        if name in registry.available_backends():
+            versions[name] = registry.get_backend(name).version()
+    from unimem.backends import nvml_backend
+
+    try:
+        devices = nvml_backend.devices_info() if nvml_backend.nvml_status() == "ok" else []
+    except Exception:
+        devices = []
+    return {
+        "date": _dt.date.today().isoformat(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": devices[0]["name"] if devices else "CPU only (no NVIDIA GPU)",
+        "driver": devices[0]["driver"] if devices else None,
+        "versions": versions,
+        "size": size,
+        "steps": steps,
+    }
+
+
+def _run_one(framework: str, workload: str, config: str, size: str, steps: int, timeout: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    cmd = [sys.executable, "-m", "unimem._compare_worker", framework, workload, config, size, str(steps)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"framework": framework, "workload": workload, "config": config, "ok": False, "error": "timed out"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        return {
+            "framework": framework,
+            "workload": workload,
+            "config": config,
+            "ok": False,
+            "error": f"worker exited {proc.returncode}: {tail[0][:300]}",
+        }
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def compare(
+    frameworks: Sequence[str] | None = None,
+    workloads: Sequence[str] = WORKLOADS,
+    configs: Sequence[str] = tuple(CONFIGS),
+    *,
+    size: str = "small",
+    steps: int = 5,
+    timeout: float = 600.0,
+    progress: Callable[[str], None] | None = None,
+) -> Comparison:
+    """Run every workload under every configuration in each framework; return the figures."""
+    names = [registry.canonical_name(f, parameter="frameworks") for f in frameworks] if frameworks else None
+    if names is None:
+        names = [n for n in registry.FRAMEWORKS if n in registry.available_backends()]
+    if not names:
+        raise ConfigError("frameworks", "no framework is installed; pip install torch, jax or tensorflow")
+    if "nvml" in names:
+        raise ConfigError("frameworks", "nvml runs no workload; name torch, tensorflow or jax")
+    for workload in workloads:
+        if workload not in WORKLOADS:
+            raise ConfigError("workloads", f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
+    for config in configs:
+        if config not in CONFIGS:
+            raise ConfigError("configs", f"unknown configuration {config!r}; choose from {', '.join(CONFIGS)}")
+    if size not in SIZES:
+        raise ConfigError("size", f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError("steps", f"expected a whole number of steps, 1 or more, got {steps!r}")
+    results = []
+    for framework in names:
+        for workload in workloads:
+            for config in configs:
+                if progress is not None:
+                    progress(f"{framework} · {workload} · {config}")
+                results.append(_run_one(framework, workload, config, size, steps, timeout))
+    return Comparison(results, _machine(size, steps))
+
+
+def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
+    """Header and rows for the terminal table; n/a for what this machine cannot give."""
+    from .sizes import format_bytes
+
+    header = [
+        "framework",
+        "workload",
+        "config",
+        "params",
+        "held at start",
+        "host RSS at start",
+        "peak allocated",
+        "peak reserved",
+        "process peak (NVML)",
+        "host peak RSS",
+        "step ms",
+    ]
+    rows = []
+    for r in comparison.results:
+        if not r.get("ok"):
+            rows.append([r["framework"], r["workload"], r["config"], "—", f"failed: {r.get('error', '?')}"] + [""] * 6)
+            continue
+        rows.append(
+            [
+                r["framework"],
+                r["workload"],
+                r["config"],
+                f"{r['parameters'] / 1e6:.2f}M",
+                format_bytes(r.get("start_process_used")),
+                format_bytes(r.get("start_host_rss")),
+                format_bytes(r.get("peak_allocated")),
+                format_bytes(r.get("peak_reserved")),
+                format_bytes(r.get("process_peak")),
+                format_bytes(r.get("host_peak_rss")),
+                f"{r['step_ms']:.1f}",
+            ]
+        )
+    # Columns this machine cannot fill (device figures without a GPU) would only say n/a.
+    keep = [i for i in range(len(header)) if i < 3 or any(row[i] not in ("n/a", "") for row in rows)]
+    return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
