@@ -1,0 +1,225 @@
+"""Shared helpers for the CPU suite.
+
+Process-global settings (caps, growth, allocators, env vars a framework reads once)
+are tested in fresh subprocesses: ``run_py`` runs a script in a new interpreter.
+The test process itself never imports torch, tensorflow or jax; an autouse fixture
+fails any test that does, and restores the process state unimem keeps (environment,
+registry, post-import hooks, NVML state) after every test.
+
+``UNIMEM_TEST_BACKENDS`` (default ``torch,tensorflow,jax``) names the frameworks that
+MUST import here: if one cannot, the session stops with an error instead of skipping
+its tests, so CI cannot pass by testing nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FRAMEWORKS = ("torch", "tensorflow", "jax")
+FRAMEWORK_MODULES = ("torch", "tensorflow", "jax", "jaxlib")
+RESULT_MARK = "@@UNIMEM-RESULT@@"
+
+# Variables that change what unimem or a framework does: a developer's shell must not
+# leak them into a subprocess test (a test that needs one sets it explicitly).
+_SCRUBBED_PREFIXES = ("UNIMEM_", "XLA_", "PYTORCH_", "TF_", "JAX_")
+_SCRUBBED = {"CUDA_VISIBLE_DEVICES"}
+
+
+def subprocess_env(env: dict[str, str | None] | None = None) -> dict[str, str]:
+    """The environment a test subprocess starts with: quiet TF, no leaked settings.
+
+    A ``None`` value in ``env`` removes that variable.
+    """
+    base = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in _SCRUBBED and not key.startswith(_SCRUBBED_PREFIXES)
+    }
+    base["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    base["TF_ENABLE_ONEDNN_OPTS"] = "0"
+    base["PYTHONDONTWRITEBYTECODE"] = "1"
+    for key, value in (env or {}).items():
+        if value is None:
+            base.pop(key, None)
+        else:
+            base[key] = value
+    return base
+
+
+def run_py(
+    code: str, env: dict[str, str | None] | None = None, timeout: float = 180, cwd: str | Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh ``sys.executable`` and return the completed process (text)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=subprocess_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(cwd) if cwd is not None else str(REPO),
+    )
+
+
+# Prepended to scripts run with run_json: ``emit(obj)`` prints the result line.
+_EMIT = f"""
+import json as _json
+def emit(obj):
+    print({RESULT_MARK!r} + _json.dumps(obj, default=repr), flush=True)
+"""
+
+
+def run_json(code: str, env: dict[str, str | None] | None = None, timeout: float = 180) -> Any:
+    """Run ``code`` (which calls ``emit(obj)`` once) in a fresh interpreter; return ``obj``.
+
+    Fails the test with the subprocess's output if it exits non-zero or emits nothing.
+    """
+    proc = run_py(_EMIT + textwrap.dedent(code), env=env, timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    if proc.returncode != 0 or len(lines) != 1:
+        pytest.fail(
+            f"subprocess exited {proc.returncode} with {len(lines)} result line(s)\n"
+            f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-6000:]}",
+            pytrace=False,
+        )
+    return json.loads(lines[0][len(RESULT_MARK) :])
+
+
+def required_frameworks() -> list[str]:
+    raw = os.environ.get("UNIMEM_TEST_BACKENDS", ",".join(FRAMEWORKS))
+    names = [part.strip().lower() for part in raw.split(",") if part.strip()]
+    names = ["tensorflow" if n == "tf" else n for n in names]
+    unknown = [n for n in names if n not in FRAMEWORKS]
+    if unknown:
+        pytest.exit(f"UNIMEM_TEST_BACKENDS names unknown frameworks: {unknown}", returncode=4)
+    return names
+
+
+def installed(framework: str) -> bool:
+    return importlib.util.find_spec(framework) is not None
+
+
+def need_framework(framework: str) -> None:
+    """Skip only when ``framework`` is neither required (UNIMEM_TEST_BACKENDS) nor installed."""
+    if framework not in required_frameworks() and not installed(framework):
+        pytest.skip(f"{framework} is not installed and UNIMEM_TEST_BACKENDS does not require it")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Every framework in UNIMEM_TEST_BACKENDS must import (checked in a subprocess)."""
+    _scrub_test_process_env()
+    required = required_frameworks()
+    if not required:
+        return
+    code = f"""
+        import importlib, json, traceback
+        failed = {{}}
+        for name in {required!r}:
+            try:
+                importlib.import_module(name)
+            except BaseException:
+                failed[name] = traceback.format_exc(limit=3)
+        print(json.dumps(failed))
+    """
+    proc = run_py(code, timeout=300)
+    try:
+        failed = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        failed = {"(check)": f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"}
+    if failed:
+        details = "\n".join(f"--- {name} ---\n{trace}" for name, trace in failed.items())
+        pytest.exit(
+            f"UNIMEM_TEST_BACKENDS={','.join(required)} but these cannot be imported: "
+            f"{', '.join(failed)}. Install them (bash scripts/setup.sh test) or set "
+            f"UNIMEM_TEST_BACKENDS to the frameworks this machine has.\n{details}",
+            returncode=3,
+        )
+
+
+@pytest.fixture(scope="session")
+def py():
+    """``py(code, env=None)`` runs code in a fresh interpreter (see ``run_py``)."""
+    return run_py
+
+
+@pytest.fixture(scope="session")
+def need():
+    """``need(framework)``: skip only if it is neither required nor installed."""
+    return need_framework
+
+
+@pytest.fixture(scope="session")
+def pyjson():
+    """``pyjson(code, env=None)`` runs code that calls ``emit(obj)``; returns ``obj``."""
+    return run_json
+
+
+def _unimem_state() -> dict[str, Any]:
+    from unimem.backends import base, nvml_backend
+
+    from unimem import api, registry
+
+    return {
+        "environ": dict(os.environ),
+        "configured": list(api._configured),
+        "instances": dict(registry._instances),
+        "post_import": {key: list(value) for key, value in base._post_import.items()},
+        "meta_path": list(sys.meta_path),
+        "nvml": (nvml_backend._pynvml, nvml_backend._init_error, dict(nvml_backend._handles), nvml_backend._use_v2),
+        "pynvml_loaded": "pynvml" in sys.modules,
+    }
+
+
+def _restore(state: dict[str, Any]) -> None:
+    from unimem.backends import base, nvml_backend
+
+    from unimem import api, registry
+
+    os.environ.clear()
+    os.environ.update(state["environ"])
+    api._configured[:] = state["configured"]
+    registry._instances.clear()
+    registry._instances.update(state["instances"])
+    base._post_import.clear()
+    base._post_import.update(state["post_import"])
+    sys.meta_path[:] = state["meta_path"]
+    nvml_backend._pynvml, nvml_backend._init_error, handles, nvml_backend._use_v2 = state["nvml"]
+    nvml_backend._handles.clear()
+    nvml_backend._handles.update(handles)
+    if not state["pynvml_loaded"]:
+        sys.modules.pop("pynvml", None)
+
+
+def _scrub_test_process_env() -> None:
+    """Drop the developer's memory settings from the test process, once: in-process tests
+    read ``os.environ`` and must start from a known state."""
+    for key in list(os.environ):
+        if key.startswith("UNIMEM_TEST_"):
+            continue
+        if key in _SCRUBBED or key.startswith(_SCRUBBED_PREFIXES):
+            del os.environ[key]
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_unimem_state():
+    """Each in-process test starts from, and leaves, the same unimem process state;
+    and none may import a framework into the test process."""
+    state = _unimem_state()
+    from unimem import registry
+
+    registry._instances.clear()  # a fresh adapter per test: pending settings must not leak
+    yield
+    leaked = [name for name in FRAMEWORK_MODULES if name in sys.modules]
+    _restore(state)
+    assert not leaked, f"this test imported {leaked} into the test process; use a subprocess (run_py)"
