@@ -24,12 +24,17 @@ from .errors import (
     UnimemWarning,
     UnsupportedFeature,
 )
+from .hook import MemoryHook
 from .loss_scaling import LossScaler
+from .monitor import Monitor, monitor
 from .precision import Policy, mixed_precision
+from .profile import Profile, profile
+from .recording import Mark, Recording, Sample, load_recording
 from .registry import available_backends
 from .sizes import format_bytes, parse_size
 from .stats import MemoryStats
 from .support import Level, Phase, Support, When
+from .track import Tracked, track
 
 __version__ = "0.1.0"
 
@@ -40,12 +45,19 @@ __all__ = [
     "ConfigError",
     "Level",
     "LossScaler",
+    "Mark",
+    "MemoryHook",
     "MemoryStats",
+    "Monitor",
     "OutOfMemory",
     "Phase",
     "Policy",
+    "Profile",
+    "Recording",
+    "Sample",
     "Support",
     "TooLateError",
+    "Tracked",
     "UnimemError",
     "UnimemWarning",
     "UnsupportedFeature",
@@ -56,9 +68,13 @@ __all__ = [
     "configure",
     "configure_from_env",
     "format_bytes",
+    "load_recording",
     "mixed_precision",
+    "monitor",
     "parse_size",
+    "profile",
     "reset_peak",
     "stats",
     "summary",
+    "track",
 ]

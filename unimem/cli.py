@@ -349,5 +349,10 @@ def run(
         sys.exit(126)
 
 
+from .cli_observe import plot, watch  # noqa: E402  (observability commands live in their own module)
+
+main.add_command(watch)
+main.add_command(plot)
+
 if __name__ == "__main__":
     main()

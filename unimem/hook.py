@@ -1,0 +1,142 @@
+"""``MemoryHook``: memory per step for a hand-written torch or JAX training loop.
+
+Call ``hook.step()`` once per training step, in the training thread: it reads the
+allocator right there (no background thread, nothing fighting for the GIL) and
+records, per step, the memory at the step's end and the peak during it (exact on
+torch; on JAX a lower bound unless the process peak rose, see ``track``).
+
+    hook = unimem.MemoryHook()
+    for batch in data:
+        train_step(batch)
+        hook.step()
+    hook.plot("memory.png")
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from .api import _check_device
+from .errors import ConfigError
+from .monitor_sampler import host_rss_reader
+from .recording import SOURCE_STEP, BoundedSeries, Mark, Recording, Sample
+from .track import Tracked
+
+__all__ = ["MemoryHook"]
+
+
+class MemoryHook:
+    """Per-step memory, recorded when ``step()`` is called.
+
+    - ``every``: record one sample per ``every`` steps (the peak covers all of them);
+      the steps in between cost one integer increment.
+    - ``max_samples``: bound on memory; past it the series is decimated, peaks kept.
+
+    Each step's figures are also in ``last`` (a ``Tracked``: ``peak``, ``delta``,
+    ``duration``, ``start``/``end`` stats). The first ``step()`` opens the first
+    interval; it records nothing.
+    """
+
+    def __init__(
+        self, backend: str | None = None, device: int = 0, *, every: int = 1, max_samples: int = 20_000
+    ) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError("every", f"expected a positive int, got {every!r}")
+        if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 100:
+            raise ConfigError("max_samples", f"expected an int of at least 100, got {max_samples!r}")
+        self._tracked = Tracked(backend, _check_device(device))
+        self.every = every
+        self.steps = 0
+        self.last: Tracked | None = None
+        self._series = BoundedSeries(max_samples)
+        self._marks: list[Mark] = []
+        self._open = False
+        self._started: float | None = None
+        try:
+            self._host_rss: Any = host_rss_reader(os.getpid())
+        except ImportError:  # neither /proc nor psutil: host RSS unknown
+            self._host_rss = None
+
+    def host_rss(self) -> int | None:
+        """This process's resident host memory now (None where it cannot be read)."""
+        if self._host_rss is None:
+            return None
+        try:
+            return int(self._host_rss())
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def step(self) -> Tracked | None:
+        """End of a training step. Returns the figures when this step recorded them."""
+        self.steps += 1
+        if not self._open:
+            self._started = time.time()
+            self._tracked.__enter__()  # resolves the backend now: the framework is in use by the first step
+            self._open = True
+            return None
+        if self.steps % self.every:
+            return None
+        tracked = self._tracked.roll()
+        end = tracked.end
+        assert end is not None
+        self._series.add(
+            Sample(
+                time=end.timestamp,
+                source=SOURCE_STEP,
+                allocated=end.allocated,
+                reserved=end.reserved,
+                peak=tracked.peak,
+                peak_exact=tracked.peak_exact,
+                process_used=end.process_used,
+                device_used=None
+                if end.device_total is None or end.device_free is None
+                else end.device_total - end.device_free,
+                device_total=end.device_total,
+                host_rss=self.host_rss(),
+                step=self.steps,
+            )
+        )
+        self.last = tracked
+        return tracked
+
+    def mark(self, label: str) -> None:
+        """An event on the timeline (an epoch, an evaluation)."""
+        if not isinstance(label, str):
+            raise ConfigError("label", f"expected a string, got {label!r}")
+        end = self.last.end if self.last is not None else None
+        self._marks.append(Mark(time.time(), label, end.allocated if end else None, end.reserved if end else None))
+
+    def close(self) -> None:
+        """Close the open interval (it is not recorded: it is not a whole step)."""
+        if self._open:
+            self._tracked.close()
+            self._open = False
+
+    @property
+    def samples(self) -> list[Sample]:
+        return self._series.items()
+
+    @property
+    def recording(self) -> Recording:
+        meta = {
+            "backend": self._tracked.backend,
+            "device": self._tracked.device,
+            "every": self.every,
+            "started": self._started,
+            "limit": self.last.end.limit if self.last is not None and self.last.end is not None else None,
+            "decimation": {"step_stride": self._series.stride},
+            "notes": [self.last.note] if self.last is not None and self.last.note else [],
+        }
+        return Recording(self.samples, list(self._marks), meta)
+
+    def to_csv(self, path: str | os.PathLike[str]) -> Path:
+        return self.recording.to_csv(path)
+
+    def to_json(self, path: str | os.PathLike[str]) -> Path:
+        return self.recording.to_json(path)
+
+    def plot(self, path: str | os.PathLike[str], **kwargs: Any) -> Path:
+        return self.recording.plot(path, **kwargs)

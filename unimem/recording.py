@@ -1,0 +1,404 @@
+"""A memory timeline: samples, marks, CSV/JSON round trip and a PNG plot.
+
+``monitor()``, ``MemoryHook`` and the Keras callback all produce a ``Recording``;
+``load_recording(path)`` reads one back from the JSON or CSV it was saved to.
+Figures unimem could not know are ``None`` in memory, empty cells in CSV and
+``null`` in JSON, never 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import BackendUnavailable, ConfigError
+
+__all__ = ["BoundedSeries", "Mark", "Recording", "Sample", "load_recording"]
+
+FORMAT = "unimem.recording/1"
+
+# Where a sample came from.
+SOURCE_FRAMEWORK = "framework"  # the framework's allocator counters, read in this process
+SOURCE_DEVICE = "device"  # NVML (device and this process) and host RSS, read by the sampler process
+SOURCE_STEP = "step"  # a training step boundary (MemoryHook, Keras callback)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading. ``time`` is Unix time; byte counts are int or None (unknown).
+
+    ``peak`` is the highest ``allocated`` since the previous step sample (step
+    samples only); ``peak_exact`` is False when it is a lower bound (JAX).
+    ``error`` is set when the reading failed: the sample is a gap in the data.
+    """
+
+    time: float
+    source: str
+    allocated: int | None = None
+    reserved: int | None = None
+    peak: int | None = None
+    peak_exact: bool | None = None
+    process_used: int | None = None
+    device_used: int | None = None
+    device_total: int | None = None
+    host_rss: int | None = None
+    step: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Mark:
+    """An event (``monitor.mark("epoch 2")``) with the framework's counters at that moment."""
+
+    time: float
+    label: str
+    allocated: int | None = None
+    reserved: int | None = None
+
+
+SAMPLE_FIELDS = [f.name for f in dataclasses.fields(Sample)]
+_INT_FIELDS = {"allocated", "reserved", "peak", "process_used", "device_used", "device_total", "host_rss", "step"}
+
+
+def _primary(sample: Sample) -> int:
+    """The figure decimation keeps the maximum of (its peaks must survive)."""
+    for value in (sample.peak, sample.allocated, sample.process_used, sample.reserved, sample.device_used):
+        if value is not None:
+            return value
+    return -1 if sample.host_rss is None else sample.host_rss
+
+
+def _keep(a: Sample, b: Sample) -> Sample:
+    """Of two neighbours, the one decimation keeps: a gap first (gaps must stay visible), then the higher."""
+    if (a.error is None) != (b.error is None):
+        return a if a.error is not None else b
+    return a if _primary(a) >= _primary(b) else b
+
+
+class BoundedSeries:
+    """A list of samples that never holds more than ``capacity`` of them.
+
+    When full, neighbouring pairs are merged (keeping the gap, else the higher
+    reading, so peaks survive) and from then on every ``stride`` incoming samples
+    are merged into one: resolution stays uniform over the whole run and halves
+    each time the series fills, memory stays fixed.
+    """
+
+    def __init__(self, capacity: int, keep: Callable[[Any, Any], Any] = _keep) -> None:
+        if capacity < 2:
+            raise ConfigError("max_samples", f"expected at least 2, got {capacity}")
+        self.capacity = capacity
+        self.stride = 1
+        self._keep = keep
+        self._items: list[Any] = []
+        self._pending: Any = None
+        self._pending_count = 0
+        self.seen = 0
+
+    def add(self, item: Any) -> None:
+        self.seen += 1
+        self._pending = item if self._pending is None else self._keep(self._pending, item)
+        self._pending_count += 1
+        if self._pending_count < self.stride:
+            return
+        self._items.append(self._pending)
+        self._pending, self._pending_count = None, 0
+        if len(self._items) >= self.capacity:
+            items = self._items
+            merged = [self._keep(items[i], items[i + 1]) for i in range(0, len(items) - 1, 2)]
+            if len(items) % 2:
+                merged.append(items[-1])
+            self._items = merged
+            self.stride *= 2
+
+    def items(self) -> list[Any]:
+        return [*self._items, self._pending] if self._pending is not None else list(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items) + (self._pending is not None)
+
+
+def _num(value: float) -> str:
+    return repr(float(value))  # shortest text that reads back as the same float
+
+
+@dataclass
+class Recording:
+    """Samples and marks of one run, with what is known about it.
+
+    ``meta`` holds ``backend``, ``device``, ``interval``, ``limit`` (the cap, bytes),
+    ``device_total``, ``started``/``stopped`` (Unix time), ``decimation`` and ``notes``
+    (what was unavailable and why, NVML errors seen).
+    """
+
+    samples: list[Sample] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # --- views ------------------------------------------------------------------
+    @property
+    def start_time(self) -> float | None:
+        started = self.meta.get("started")
+        if isinstance(started, (int, float)):
+            return float(started)
+        times = [s.time for s in self.samples] + [m.time for m in self.marks]
+        return min(times) if times else None
+
+    @property
+    def gaps(self) -> list[tuple[float, str]]:
+        """``(time, error)`` of every sample that failed (a gap in the data)."""
+        return [(s.time, s.error) for s in self.samples if s.error is not None]
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self.meta.get("notes", []))
+
+    def series(self, name: str, source: str | None = None) -> tuple[list[float], list[int | None]]:
+        """``(times, values)`` of one figure (``"allocated"``, ``"process_used"``, ...)."""
+        if name not in SAMPLE_FIELDS:
+            raise ConfigError("name", f"unknown figure {name!r}; known: {', '.join(SAMPLE_FIELDS)}")
+        rows = [s for s in self.samples if source is None or s.source == source]
+        return [s.time for s in rows], [getattr(s, name) for s in rows]
+
+    def peak(self, name: str = "allocated") -> int | None:
+        """Highest value of one figure over the recording (None if never known)."""
+        values = [v for v in self.series(name)[1] if v is not None]
+        return max(values) if values else None
+
+    # --- saving -----------------------------------------------------------------
+    def to_json(self, path: str | os.PathLike[str]) -> Path:
+        """Everything (samples, marks, meta) as JSON; ``load_recording`` reads it back."""
+        target = _target(path)
+        data = {
+            "format": FORMAT,
+            "meta": self.meta,
+            "samples": [dataclasses.asdict(s) for s in self.samples],
+            "marks": [dataclasses.asdict(m) for m in self.marks],
+        }
+        target.write_text(json.dumps(data, indent=1, allow_nan=False), encoding="utf-8")
+        return target
+
+    def to_csv(self, path: str | os.PathLike[str]) -> Path:
+        """Samples and marks as one table (a mark is a row with ``source=mark`` and a ``label``).
+
+        Empty cells are unknown figures. The CSV keeps samples and marks; ``meta``
+        (cap, interval, notes) is kept only by ``to_json``.
+        """
+        target = _target(path)
+        columns = ["time", "elapsed", *SAMPLE_FIELDS[1:], "label"]
+        start = self.start_time or 0.0
+        rows: list[tuple[float, dict[str, str]]] = []
+        for s in self.samples:
+            row = {name: _cell(getattr(s, name)) for name in SAMPLE_FIELDS}
+            row.update(time=_num(s.time), elapsed=f"{s.time - start:.6f}", label="")
+            rows.append((s.time, row))
+        for m in self.marks:
+            row = {name: "" for name in columns}
+            row.update(
+                time=_num(m.time),
+                elapsed=f"{m.time - start:.6f}",
+                source="mark",
+                label=m.label,
+                allocated=_cell(m.allocated),
+                reserved=_cell(m.reserved),
+            )
+            rows.append((m.time, row))
+        rows.sort(key=lambda pair: pair[0])
+        with target.open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(row for _, row in rows)
+        return target
+
+    def plot(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        title: str | None = None,
+        figsize: tuple[float, float] = (10.0, 5.0),
+        dpi: int = 100,
+    ) -> Path:
+        """A PNG timeline: allocated, reserved, NVML process and device lines, host RSS
+        when nothing else is known, the cap, marks as labelled vertical lines, gaps
+        as breaks. The image is ``figsize × dpi`` pixels (1000 × 500 by default).
+
+        Uses matplotlib's Agg canvas directly: no pyplot, no global backend change.
+        """
+        target = _target(path)
+        try:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+        except ImportError:
+            raise BackendUnavailable("plot: matplotlib is not installed; pip install matplotlib") from None
+
+        start = self.start_time or 0.0
+        fig = Figure(figsize=figsize, dpi=dpi)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        everything = [v for s in self.samples for v in (s.allocated, s.reserved, s.process_used, s.peak) if v]
+        everything += [v for s in self.samples for v in (s.device_used, s.host_rss) if v]
+        limit = self.meta.get("limit")
+        if isinstance(limit, int):
+            everything.append(limit)
+        scale, unit = _unit(max(everything) if everything else 0)
+
+        lines = [
+            ("allocated", None, "allocated (framework)", "-"),
+            ("reserved", None, "reserved (framework pool)", "-"),
+            ("peak", SOURCE_STEP, "peak per step", ":"),
+            ("process_used", None, "process (NVML)", "-"),
+            ("device_used", None, "device used (NVML)", "--"),
+        ]
+        drawn = 0
+        for name, source, label, style in lines:
+            drawn += self._draw(ax, name, source, label, style, start, scale)
+        if drawn == 0 or all(s.process_used is None and s.allocated is None for s in self.samples):
+            drawn += self._draw(ax, "host_rss", None, "host RSS (no GPU figures)", "-", start, scale)
+        if isinstance(limit, int):
+            ax.axhline(limit / scale, color="red", linestyle="--", linewidth=1, label=f"cap {limit / scale:.2f} {unit}")
+        gaps = self.gaps
+        if gaps:
+            # One collection for every gap: a run with thousands of failed readings still plots fast.
+            ax.vlines(
+                [t - start for t, _ in gaps],
+                0,
+                1,
+                transform=ax.get_xaxis_transform(),
+                color="orange",
+                alpha=0.6,
+                linewidth=1,
+                label=f"gaps ({len(gaps)} failed readings)",
+            )
+        for mark in self.marks:
+            x = mark.time - start
+            ax.axvline(x, color="grey", linestyle=":", linewidth=1)
+            ax.annotate(
+                mark.label,
+                xy=(x, 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(2, -2),
+                textcoords="offset points",
+                rotation=90,
+                va="top",
+                fontsize=7,
+                color="dimgray",
+            )
+        ax.set_xlabel("seconds since start")
+        ax.set_ylabel(unit)
+        backend = self.meta.get("backend") or "no framework"
+        ax.set_title(title or f"unimem: {backend}, device {self.meta.get('device', 0)}")
+        ax.grid(True, alpha=0.3)
+        top = max(everything) / scale if everything else 1.0
+        ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)  # headroom: a flat line must not sit on the frame
+        if drawn or isinstance(limit, int):
+            ax.legend(loc="lower right", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no figures known", ha="center", va="center", transform=ax.transAxes)
+        fig.savefig(target, format="png", dpi=dpi)
+        return target
+
+    def _draw(self, ax: Any, name: str, source: str | None, label: str, style: str, start: float, scale: int) -> int:
+        times, values = self.series(name, source)
+        if not any(v is not None for v in values):
+            return 0
+        # None becomes NaN: matplotlib breaks the line there, which is what a gap is.
+        ys = [math.nan if v is None else v / scale for v in values]
+        xs = [t - start for t in times]
+        ax.plot(xs, ys, style, label=label, linewidth=1.2)
+        return 1
+
+
+def _unit(biggest: int) -> tuple[int, str]:
+    for scale, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if biggest >= scale:
+            return scale, unit
+    return 1, "bytes"
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _target(path: object) -> Path:
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ConfigError("path", f"expected a file path, got {path!r}")
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError("path", f"{target} is a directory; pass a file name")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+def _parse_cell(name: str, text: str) -> Any:
+    if text == "":
+        return None
+    if name in _INT_FIELDS:
+        return int(text)
+    if name == "time":
+        return float(text)
+    if name == "peak_exact":
+        return text == "true"
+    return text
+
+
+def load_recording(path: str | os.PathLike[str]) -> Recording:
+    """Read a recording saved with ``to_json`` or ``to_csv`` (by file suffix)."""
+    source = Path(path)
+    if not source.is_file():
+        raise ConfigError("path", f"{source} is not a file")
+    if source.suffix.lower() == ".csv":
+        return _load_csv(source)
+    try:
+        data = json.loads(source.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError("path", f"{source} is not a JSON recording ({exc}); save one with to_json()") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ConfigError("path", f"{source} is not a unimem recording (no 'format': {FORMAT!r})")
+    samples = [Sample(**_known(row, SAMPLE_FIELDS)) for row in data.get("samples", [])]
+    marks = [Mark(**_known(row, ["time", "label", "allocated", "reserved"])) for row in data.get("marks", [])]
+    return Recording(samples, marks, dict(data.get("meta", {})))
+
+
+def _known(row: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    return {key: value for key, value in row.items() if key in names}
+
+
+def _load_csv(source: Path) -> Recording:
+    samples: list[Sample] = []
+    marks: list[Mark] = []
+    with source.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        missing = {"time", "source"} - set(reader.fieldnames or [])
+        if missing:
+            raise ConfigError("path", f"{source} is not a unimem CSV (no {', '.join(sorted(missing))} column)")
+        for row in reader:
+            if row["source"] == "mark":
+                marks.append(
+                    Mark(
+                        float(row["time"]),
+                        row.get("label", ""),
+                        _parse_cell("allocated", row.get("allocated", "")),
+                        _parse_cell("reserved", row.get("reserved", "")),
+                    )
+                )
+                continue
+            samples.append(Sample(**{name: _parse_cell(name, row.get(name, "")) for name in SAMPLE_FIELDS}))
+    return Recording(samples, marks, {})
+
+
+def merge_samples(*streams: Iterable[Sample]) -> list[Sample]:
+    """Samples of several streams as one list in time order."""
+    merged = [sample for stream in streams for sample in stream]
+    merged.sort(key=lambda s: s.time)
+    return merged

@@ -1,0 +1,277 @@
+"""``track()``: the peak, the change and the duration of a block of code.
+
+How the peak is known depends on the framework's ``reset_peak`` capability:
+
+- native (torch, TensorFlow): the framework's peak counter is reset when a block
+  opens. Blocks nest: before an inner block resets the counter, the peak reached so
+  far is folded into every block still open, so an outer block still learns the
+  maximum over its whole span.
+- emulated (JAX): XLA's peak cannot be reset. If the process peak rose during the
+  block, the block reached it: exact. If not, the block's peak is only known to be
+  at least what was allocated at its start and end: that lower bound is reported
+  with ``peak_exact=False``.
+- unsupported (NVML): no peak; ``peak`` is None.
+
+On the CPU (no device allocator to read) every figure is None, never 0; ``note`` says why.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from types import TracebackType
+
+from . import registry
+from .api import _check_device, _resolve_query
+from .errors import ConfigError, UnimemError
+from .sizes import format_bytes
+from .stats import MemoryStats
+from .support import Level
+
+__all__ = ["Tracked", "read_stats", "resolve_backend", "track"]
+
+MODE_RESET = "reset"  # the framework resets its peak: exact, nestable
+MODE_COMPARE = "compare"  # peak cannot be reset: exact if it rose, else a lower bound
+MODE_NONE = "none"  # no peak at all
+
+
+def resolve_backend(backend: str | None) -> tuple[str, bool]:
+    """``(name, fallback)``: the backend a query on ``backend`` reads, as ``stats()`` picks it.
+
+    ``fallback`` is True when nothing is in use and NVML stands in: a machine
+    without a driver then reads Nones rather than raising.
+    """
+    if backend is not None and not isinstance(backend, str):
+        raise ConfigError("backend", f"expected a backend name or None, got {backend!r}")
+    name = _resolve_query(backend)
+    return name, backend is None and name == "nvml"
+
+
+def read_stats(name: str, device: int, fallback: bool) -> MemoryStats:
+    """A full ``MemoryStats`` of ``name`` (the NVML fallback reads Nones without a driver)."""
+    if fallback:
+        from unimem.backends.nvml_backend import device_figures
+
+        total, free, used = device_figures(device)
+        return MemoryStats("nvml", device, device_total=total, device_free=free, process_used=used)
+    return registry.get_backend(name).stats(device)
+
+
+def _peak_mode(name: str, fallback: bool) -> str:
+    if fallback:
+        return MODE_NONE
+    level = registry.get_backend(name).CAPABILITIES["reset_peak"].level
+    if level is Level.NATIVE:
+        return MODE_RESET
+    if level is Level.EMULATED:
+        return MODE_COMPARE
+    return MODE_NONE
+
+
+def _max(*values: int | None) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+class _Frame:
+    """An open block of a resetting backend: the peak reached before a later reset."""
+
+    __slots__ = ("allocated", "reserved")
+
+    def __init__(self) -> None:
+        self.allocated: int | None = None
+        self.reserved: int | None = None
+
+    def fold(self, snapshot: MemoryStats) -> None:
+        self.allocated = _max(self.allocated, snapshot.peak_allocated)
+        self.reserved = _max(self.reserved, snapshot.peak_reserved)
+
+
+# Open blocks per (backend, device). The framework's peak counter is process-wide,
+# so this is too; the lock makes "read, fold into every open block, reset" one step.
+_frames: dict[tuple[str, int], list[_Frame]] = {}
+_frames_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _Peak:
+    value: int | None
+    exact: bool | None
+    note: str = ""
+
+
+def _compare_peak(start: MemoryStats, end: MemoryStats, field: str, current: str) -> _Peak:
+    """Peak of a block on a backend whose peak counter cannot be reset (JAX)."""
+    start_peak, end_peak = getattr(start, field), getattr(end, field)
+    start_now, end_now = getattr(start, current), getattr(end, current)
+    if end_peak is not None:
+        if start_now is None:
+            # The allocator was not running when the block opened: its whole peak is inside.
+            return _Peak(end_peak, True)
+        if start_peak is None or end_peak > start_peak:
+            # The process peak rose during the block (start_peak None means it was under the
+            # reset_peak() baseline then and is above it now): the block reached it.
+            return _Peak(end_peak, True)
+    bound = _max(start_now, end_now)
+    if bound is None:
+        return _Peak(None, None)
+    return _Peak(
+        bound,
+        False,
+        f"{end.backend} cannot reset its peak and the process peak did not rise in this block: "
+        "the peak is a lower bound (the most allocated at the block's start or end)",
+    )
+
+
+class Tracked:
+    """What ``with unimem.track() as t:`` measured. Figures are None until the block ends.
+
+    - ``peak``: highest ``allocated`` during the block (bytes in live tensors).
+    - ``peak_reserved``: highest pool size during the block, where the framework counts it.
+    - ``peak_exact``: False when ``peak`` is a lower bound (JAX), None when unknown.
+    - ``delta``: ``allocated`` at the end minus at the start.
+    - ``duration``: seconds.
+    - ``start`` / ``end``: the full ``MemoryStats`` at both ends.
+    - ``note``: why a figure is None or a lower bound.
+    """
+
+    def __init__(self, backend: str | None = None, device: int = 0) -> None:
+        if backend is not None:
+            registry.canonical_name(backend)
+        self.device = _check_device(device)
+        self._requested = backend
+        self.backend: str | None = None
+        self.start: MemoryStats | None = None
+        self.end: MemoryStats | None = None
+        self.peak: int | None = None
+        self.peak_reserved: int | None = None
+        self.peak_exact: bool | None = None
+        self.delta: int | None = None
+        self.duration: float | None = None
+        self.note = ""
+        self._mode = MODE_NONE
+        self._fallback = False
+        self._frame: _Frame | None = None
+        self._t0: float | None = None
+
+    # --- the block ---------------------------------------------------------------
+    def __enter__(self) -> Tracked:
+        if self._t0 is not None:
+            raise UnimemError("this track() block is already open; open a new unimem.track() to nest blocks")
+        name, fallback = resolve_backend(self._requested)
+        self.backend, self._fallback = name, fallback
+        self._mode = _peak_mode(name, fallback)
+        self.end = None
+        self.peak = self.peak_reserved = self.peak_exact = self.delta = self.duration = None
+        self.note = ""
+        with _frames_lock:
+            self._begin(read_stats(name, self.device, fallback))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the block (what leaving ``with`` does)."""
+        if self._t0 is None:
+            raise UnimemError("this track() block is not open")
+        assert self.backend is not None
+        with _frames_lock:
+            self._finish(read_stats(self.backend, self.device, self._fallback))
+
+    def roll(self) -> Tracked:
+        """End the block and open the next one at the same instant, reading the stats once.
+
+        Returns the finished block's figures (a closed copy). A training loop's
+        per-step figures (``MemoryHook``) are consecutive blocks.
+        """
+        if self._t0 is None:
+            raise UnimemError("this track() block is not open")
+        assert self.backend is not None
+        with _frames_lock:
+            snapshot = read_stats(self.backend, self.device, self._fallback)
+            self._finish(snapshot)
+            finished = Tracked.__new__(Tracked)
+            finished.__dict__.update(self.__dict__)
+            self._begin(snapshot)
+        return finished
+
+    # --- internals (called under _frames_lock) ---------------------------------------
+    def _begin(self, start: MemoryStats) -> None:
+        assert self.backend is not None
+        self.start = start
+        if self._mode == MODE_RESET:
+            key = (self.backend, self.device)
+            # The peak so far belongs to every block still open: keep it before the reset.
+            for frame in _frames.get(key, []):
+                frame.fold(start)
+            registry.get_backend(self.backend).reset_peak(self.device)
+            self._frame = _Frame()
+            _frames.setdefault(key, []).append(self._frame)
+        self._t0 = time.perf_counter()
+
+    def _finish(self, end: MemoryStats) -> None:
+        assert self.backend is not None and self.start is not None and self._t0 is not None
+        self.duration = time.perf_counter() - self._t0
+        self._t0 = None
+        self.end = end
+        start = self.start
+        if start.allocated is not None and end.allocated is not None:
+            self.delta = end.allocated - start.allocated
+        notes = []
+        if self._mode == MODE_RESET:
+            frame = self._frame
+            assert frame is not None
+            frames = _frames.get((self.backend, self.device), [])
+            if frame in frames:
+                frames.remove(frame)
+            self._frame = None
+            if end.peak_allocated is not None:
+                self.peak = _max(end.peak_allocated, frame.allocated)
+                self.peak_exact = True
+            if end.peak_reserved is not None:
+                self.peak_reserved = _max(end.peak_reserved, frame.reserved)
+        elif self._mode == MODE_COMPARE:
+            allocated = _compare_peak(start, end, "peak_allocated", "allocated")
+            reserved = _compare_peak(start, end, "peak_reserved", "reserved")
+            self.peak, self.peak_exact = allocated.value, allocated.exact
+            self.peak_reserved = reserved.value
+            if allocated.note:
+                notes.append(allocated.note)
+        else:
+            notes.append(f"{self.backend} keeps no peak")
+        if end.allocated is None and end.peak_allocated is None:
+            notes.append(
+                f"{end.backend} reports no allocator figures on device {self.device} here "
+                "(no GPU, or its device runtime has not started): they are None, not 0"
+            )
+        self.note = "; ".join(notes)
+
+    # --- display -----------------------------------------------------------------
+    def __repr__(self) -> str:
+        if self.duration is None:
+            return f"<unimem.track {self.backend or self._requested or 'auto'}:{self.device} open>"
+        peak = format_bytes(self.peak)
+        if self.peak_exact is False:
+            peak = f">= {peak} (lower bound)"
+        delta = "n/a" if self.delta is None else ("+" if self.delta >= 0 else "-") + format_bytes(abs(self.delta))
+        text = f"track({self.backend}:{self.device}): peak {peak}, delta {delta}, {self.duration:.3f} s"
+        return f"{text} [{self.note}]" if self.note else text
+
+    __str__ = __repr__
+
+
+def track(backend: str | None = None, device: int = 0) -> Tracked:
+    """Measure a block: ``with unimem.track() as t: ...`` then ``t.peak``, ``t.delta``, ``t.duration``.
+
+    Blocks nest. Opening a block resets the framework's peak counter where the
+    framework can (torch, TensorFlow), so ``stats().peak_allocated`` afterwards counts
+    from the innermost block's start; see ``Tracked`` for JAX (lower bounds) and the CPU (None).
+    """
+    return Tracked(backend, device)
