@@ -30,7 +30,7 @@ class Shapes:
 SIZES: dict[str, Shapes] = {
     # small: seconds per run on a laptop CPU; large: enough to matter on a datacenter GPU
     "small": Shapes(batch=32, width=128, hidden=512, depth=3, seq=32, heads=4),
-    "large": Shapes(batch=1024, width=2048, hidden=8192, depth=4, seq=512, heads=16),
+    "large": Shapes(batch=256, width=2048, hidden=8192, depth=4, seq=512, heads=16),
 }
 LEARNING_RATE = 1e-3
 
