@@ -273,6 +273,18 @@ class JaxBackend(Backend):
             process_used=used,
         )
 
+    def fragmentation(self, device: int = 0) -> dict[str, int | None] | None:
+        """XLA's own figures: the pool's unused bytes and its largest free block."""
+        raw = self._raw_stats(device)
+        if not raw:
+            return None
+        pool, in_use = raw.get("pool_bytes", raw.get("bytes_reserved")), raw.get("bytes_in_use")
+        return {
+            "free_in_pool": None if pool is None or in_use is None else max(0, pool - in_use),
+            "largest_free_block": raw.get("largest_free_block_bytes"),
+            "free_blocks": None,
+        }
+
     def reset_peak(self, device: int = 0) -> None:
         raw = self._raw_stats(device)
         if raw and "peak_bytes_in_use" in raw:

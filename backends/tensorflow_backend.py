@@ -324,6 +324,10 @@ class TensorFlowBackend(Backend):
             process_used=used,
         )
 
+    def fragmentation(self, device: int = 0) -> dict[str, int | None] | None:
+        """Unknown: TF does not expose its BFC allocator's free bins."""
+        return None
+
     def reset_peak(self, device: int = 0) -> None:
         name = self._gpu_name(device)
         if name is not None:

@@ -453,6 +453,28 @@ class TorchBackend(Backend):
             process_used=used,
         )
 
+    def fragmentation(self, device: int = 0) -> dict[str, int | None] | None:
+        """Free blocks inside the caching allocator's segments on ``device``.
+
+        Walks ``torch.cuda.memory_snapshot()``, every block of every segment: too slow
+        for ``stats()`` (which must stay ~µs), fine on request or at an OOM.
+        """
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        free_blocks = [
+            int(block["size"])
+            for segment in torch.cuda.memory_snapshot()
+            if segment.get("device") == device
+            for block in segment.get("blocks", ())
+            if block.get("state") == "inactive"  # "active_pending_free" is not free yet
+        ]
+        return {
+            "free_in_pool": sum(free_blocks),
+            "largest_free_block": max(free_blocks, default=0),
+            "free_blocks": len(free_blocks),
+        }
+
     def _uuid(self, device: int) -> str | None:
         uuid = getattr(self._props(device), "uuid", None)
         if uuid is None:

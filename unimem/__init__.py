@@ -15,6 +15,7 @@ from .api import (
     summary,
 )
 from .applied import Action, Applied
+from .batch_size import BatchSizeSearch, Trial, find_batch_size
 from .errors import (
     BackendUnavailable,
     ConfigError,
@@ -27,6 +28,9 @@ from .errors import (
 from .hook import MemoryHook
 from .loss_scaling import LossScaler
 from .monitor import Monitor, monitor
+from .oom import is_oom, oom_guard
+from .oom_report import OOMReport, Suggestion
+from .pool_fragmentation import Fragmentation, fragmentation
 from .precision import Policy, mixed_precision
 from .profile import Profile, profile
 from .recording import Mark, Recording, Sample, load_recording
@@ -42,22 +46,27 @@ __all__ = [
     "Action",
     "Applied",
     "BackendUnavailable",
+    "BatchSizeSearch",
     "ConfigError",
+    "Fragmentation",
     "Level",
     "LossScaler",
     "Mark",
     "MemoryHook",
     "MemoryStats",
     "Monitor",
+    "OOMReport",
     "OutOfMemory",
     "Phase",
     "Policy",
     "Profile",
     "Recording",
     "Sample",
+    "Suggestion",
     "Support",
     "TooLateError",
     "Tracked",
+    "Trial",
     "UnimemError",
     "UnimemWarning",
     "UnsupportedFeature",
@@ -67,10 +76,14 @@ __all__ = [
     "clear_cache",
     "configure",
     "configure_from_env",
+    "find_batch_size",
     "format_bytes",
+    "fragmentation",
+    "is_oom",
     "load_recording",
     "mixed_precision",
     "monitor",
+    "oom_guard",
     "parse_size",
     "profile",
     "reset_peak",

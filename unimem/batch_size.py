@@ -1,0 +1,526 @@
+"""``find_batch_size``: the largest batch that fits, in few trials, leaving no memory behind.
+
+How the search goes (every size tried is a real call of ``step``):
+
+1. Run ``start``, then ``2 × start``, reading each trial's peak memory. (If ``start``
+   does not fit, halve until one does.)
+2. Fit ``bytes = a + b × batch`` to the trials that fit (Theil–Sen: the median of the
+   pairwise slopes, so one noisy reading does not tip it) and predict the largest
+   batch under the limit. Try a little below the prediction (``margin / 2``).
+3. Close the bracket from above: try the smallest size whose failure would prove the
+   answer is within ``margin`` of the largest that fits. A failure below a prediction
+   means the model is optimistic: back off just under the failure once, then bisect.
+   Without memory figures (no ``measure=`` and the framework keeps none, as on the
+   CPU) steps 1–2 become doubling until the first failure.
+4. Stop once the largest size that fit is at least ``(1 - margin)`` × the largest
+   size that may fit (one below the smallest failure, or ``max_size``).
+
+Memory: an out-of-memory error's traceback holds the failed step's frames, and their
+tensors (the leak other batch-size finders have, DESIGN.md). A failed trial keeps only
+a line of text: its frames are cleared inside the ``except``, and collection and
+``clear_cache`` run after leaving it, once per trial and at the end.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, overload
+
+from . import api, registry
+from .errors import ConfigError, OutOfMemory, UnimemWarning
+from .oom import _message, clear_frames, find_oom
+from .sizes import format_bytes, parse_size
+from .stats import MemoryStats
+
+__all__ = ["BatchSizeSearch", "Trial", "find_batch_size"]
+
+# Which peak each framework's cap applies to: torch caps the bytes its caching
+# allocator reserves; XLA's and TF's BFC limits bound the bytes in use.
+_PEAK_FIELD = {"torch": "peak_reserved", "jax": "peak_allocated", "tensorflow": "peak_allocated"}
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One real call of ``step``."""
+
+    batch_size: int
+    fits: bool
+    peak: int | None  # bytes the trial used at its peak; None when unknown
+    seconds: float
+    reason: str  # why this size: start, grow, halve, predict, close, back-off, bisect, upper-bound
+    error: str | None = None  # the out-of-memory message's first line when it did not fit
+
+
+@dataclass(frozen=True)
+class BatchSizeSearch:
+    """The outcome of ``find_batch_size(..., return_trials=True)``.
+
+    ``batch_size`` is the answer: the largest size that ran. ``smallest_failure`` is the
+    smallest that did not (None if none failed). ``converged`` says the answer is
+    within ``margin`` of the largest that fits (or is ``max_size``); False when
+    ``max_trials`` ran out first. ``model`` is the last fit ``(a, b)`` of
+    ``bytes = a + b × batch``, ``limit`` the bytes it was held against, ``measured_by``
+    where the peaks came from. ``before``/``after``: ``stats()`` around the search.
+    """
+
+    batch_size: int
+    trials: tuple[Trial, ...]
+    smallest_failure: int | None
+    converged: bool
+    margin: float
+    limit: int | None
+    model: tuple[float, float] | None
+    measured_by: str
+    seconds: float
+    before: MemoryStats | None = None
+    after: MemoryStats | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __int__(self) -> int:
+        return self.batch_size
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "trials": [t.__dict__ for t in self.trials],
+            "smallest_failure": self.smallest_failure,
+            "converged": self.converged,
+            "margin": self.margin,
+            "limit": self.limit,
+            "model": None if self.model is None else {"a": self.model[0], "b": self.model[1]},
+            "measured_by": self.measured_by,
+            "seconds": self.seconds,
+            "before": None if self.before is None else self.before.as_dict(),
+            "after": None if self.after is None else self.after.as_dict(),
+            "notes": list(self.notes),
+        }
+
+    def __str__(self) -> str:
+        lines = [
+            f"batch size {self.batch_size} in {len(self.trials)} trials ({self.seconds:.2f} s); "
+            + (f"smallest failure {self.smallest_failure}" if self.smallest_failure else "no failure")
+            + ("" if self.converged else "; NOT converged (max_trials ran out)")
+        ]
+        if self.model is not None:
+            a, b = self.model
+            lines.append(f"  memory ≈ {format_bytes(int(a))} + {format_bytes(int(b))} × batch ({self.measured_by})")
+        if self.limit is not None:
+            lines.append(f"  limit {format_bytes(self.limit)}")
+        for t in self.trials:
+            peak = f", peak {format_bytes(t.peak)}" if t.peak is not None else ""
+            lines.append(
+                f"  {t.batch_size:>8}  {'fits' if t.fits else 'OOM ':<4}  {t.reason:<11} {t.seconds:.3f} s{peak}"
+            )
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    start: int
+    backend: str | None
+    device: int
+    max_size: int | None
+    margin: float
+    measure: Callable[[], int | None] | None
+    limit: int | None
+    max_trials: int
+    return_trials: bool
+
+
+def _check(
+    start: object,
+    backend: object,
+    device: object,
+    max_size: object,
+    margin: object,
+    measure: object,
+    limit: object,
+    max_trials: object,
+    return_trials: object,
+) -> _Settings:
+    def whole(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not whole(start) or start < 1:  # type: ignore[operator]
+        raise ConfigError("start", f"expected the first batch size to try (an int of 1 or more), got {start!r}")
+    assert isinstance(start, int)
+    name = registry.canonical_name(backend) if backend is not None else None
+    if not whole(device) or device < 0:  # type: ignore[operator]
+        raise ConfigError("device", f"expected a device index (0 or more), got {device!r}")
+    if max_size is not None and (not whole(max_size) or max_size < start):  # type: ignore[operator]
+        raise ConfigError("max_size", f"expected None or an int of at least start={start}, got {max_size!r}")
+    if (
+        isinstance(margin, bool)
+        or not isinstance(margin, (int, float))
+        or not math.isfinite(margin)
+        or not 0 <= margin < 1
+    ):
+        raise ConfigError("margin", f"expected a share in [0, 1), such as 0.05, got {margin!r}")
+    if measure is not None and not callable(measure):
+        raise ConfigError(
+            "measure", f"expected None or a callable returning the last trial's peak bytes, got {measure!r}"
+        )
+    size = None if limit is None else parse_size(limit, "limit")
+    if not whole(max_trials) or max_trials < 1:  # type: ignore[operator]
+        raise ConfigError("max_trials", f"expected an int of 1 or more, got {max_trials!r}")
+    if not isinstance(return_trials, bool):
+        raise ConfigError("return_trials", f"expected True or False, got {return_trials!r}")
+    assert isinstance(device, int) and isinstance(max_trials, int)
+    assert max_size is None or isinstance(max_size, int)
+    checked_measure: Callable[[], int | None] | None = measure
+    return _Settings(start, name, device, max_size, float(margin), checked_measure, size, max_trials, return_trials)
+
+
+# --- the fit ---------------------------------------------------------------------------------
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def fit_linear(points: list[tuple[int, int]]) -> tuple[float, float] | None:
+    """``(a, b)`` of ``bytes = a + b × batch`` by Theil–Sen, or None when memory does
+    not grow with the batch (or fewer than two sizes are known)."""
+    slopes = [(m2 - m1) / (n2 - n1) for (n1, m1), (n2, m2) in itertools.combinations(sorted(points), 2) if n2 != n1]
+    if not slopes:
+        return None
+    b = _median(slopes)
+    if b <= 0:
+        return None
+    a = _median([m - b * n for n, m in points])
+    return a, b
+
+
+def _predict(model: tuple[float, float] | None, limit: int | None) -> int | None:
+    if model is None or limit is None:
+        return None
+    a, b = model
+    return max(0, math.floor((limit - a) / b))
+
+
+def _next_size(
+    good: int, bad: int | None, upper: int | None, predicted: int | None, margin: float, misses: int
+) -> tuple[int, str]:
+    """The next size to try, and why. ``good`` >= 1 is the largest that fit."""
+    bounds = [x for x in (None if bad is None else bad - 1, upper) if x is not None]
+    high = min(bounds) if bounds else None
+    if predicted is not None and high is not None and predicted > high and bad is not None:
+        # A failure below the prediction: the model is optimistic. Once, try just under
+        # the failure (a small miss); after that, bisect.
+        if misses <= 1:
+            size, reason = math.floor(high * (1 - margin / 2)), "back-off"
+        else:
+            size, reason = (good + bad) // 2, "bisect"
+    elif predicted is not None:
+        if bad is None and upper is not None and predicted >= upper:
+            size, reason = upper, "upper-bound"
+        else:
+            size, reason = math.floor(predicted * (1 - margin / 2)), "predict"
+            if size <= good:
+                size, reason = math.floor(good / (1 - margin)) + 1, "close"
+    elif bad is None:
+        size, reason = 2 * good, "grow"
+    else:
+        size, reason = (good + bad) // 2, "bisect"
+    size = max(good + 1, size)
+    if high is not None:
+        size = min(size, high)
+    return size, reason
+
+
+# --- one trial ---------------------------------------------------------------------------------
+
+
+def _attempt(step: Callable[[int], Any], size: int) -> tuple[str | None, BaseException | None]:
+    """Run ``step(size)``. Returns ``(None, None)`` when it fit; on an out-of-memory
+    error, its first line and, for a final report only, the error with its frames cleared."""
+    try:
+        step(size)
+    except Exception as exc:
+        oom = find_oom(exc)
+        if oom is None:
+            raise
+        text = _message(oom).strip().splitlines()
+        # The frames hold the failed step's tensors: drop their locals here, so that
+        # nothing but this line of text outlives the except block.
+        clear_frames(exc)
+        return (text[0][:300] if text else type(oom).__name__), (exc if size == 1 else None)
+    return None, None
+
+
+def _release(backend: str | None, device: int, *, final: bool) -> None:
+    """Give back what the last trial left, outside any ``except`` block."""
+    gc.collect()
+    if backend is None:
+        return
+    if backend == "torch" or final:
+        # torch: every trial, so the next peak is measured from a clean pool. JAX/TF:
+        # at the end only (JAX's clear drops compiled steps; TF warns it cannot free).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnimemWarning)
+            api.clear_cache(backend, device)
+
+
+def _framework(settings: _Settings) -> str | None:
+    """The framework whose figures to read: the one named, else the one in use (like
+    ``stats()``; several in use without ``backend=`` is a ``ConfigError``); None if none."""
+    if settings.backend is not None:
+        return settings.backend if settings.backend in registry.FRAMEWORKS else None
+    if not registry.imported_frameworks() and not api.configured_backends():
+        return None
+    name = api._resolve_query(None)
+    return name if name in registry.FRAMEWORKS else None
+
+
+def _snapshot(backend: str | None, device: int) -> MemoryStats | None:
+    return None if backend is None else api.stats(backend, device)
+
+
+def _capacity(snapshot: MemoryStats | None, backend: str | None) -> int | None:
+    """Bytes the measured peak may reach: the framework's cap, and for torch no more
+    than its pool plus what the device has free."""
+    if snapshot is None:
+        return None
+    bounds = [snapshot.limit]
+    if backend == "torch" and snapshot.reserved is not None and snapshot.device_free is not None:
+        bounds.append(snapshot.reserved + snapshot.device_free)
+    known = [b for b in bounds if b is not None]
+    return min(known) if known else None
+
+
+def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
+    began = time.perf_counter()
+    backend = _framework(settings)
+    device = settings.device
+    notes: list[str] = []
+    if backend is not None:
+        _release(backend, device, final=False)
+    before = _snapshot(backend, device)
+    limit = settings.limit if settings.limit is not None else _capacity(before, backend)
+    if settings.measure is not None:
+        measured_by = "measure="
+    elif backend is not None:
+        measured_by = f"stats({backend!r}).{_PEAK_FIELD[backend]}"
+    else:
+        measured_by = "nothing (no framework in use, no measure=)"
+
+    trials: list[Trial] = []
+    points: list[tuple[int, int]] = []
+    good, bad = 0, None
+    misses = 0
+    size, reason = settings.start, "start"
+    last_oom: BaseException | None = None
+    model: tuple[float, float] | None = None
+    while True:
+        if settings.measure is None and backend is not None:
+            api.reset_peak(backend, device)
+        t0 = time.perf_counter()
+        error, last_oom = _attempt(step, size)
+        seconds = time.perf_counter() - t0
+        peak: int | None = None
+        if error is None:
+            if settings.measure is not None:
+                value = settings.measure()
+                peak = None if value is None else int(value)
+            elif backend is not None:
+                peak = getattr(api.stats(backend, device), _PEAK_FIELD[backend])
+        _release(backend, device, final=False)  # outside the except block: the frames are gone
+        trials.append(Trial(size, error is None, peak, seconds, reason, error))
+
+        if backend is None and settings.backend is None and len(trials) == 1:
+            # The first trial may have imported the framework: read its figures from now on.
+            backend = _framework(settings)
+            if backend is not None and settings.measure is None:
+                measured_by = f"stats({backend!r}).{_PEAK_FIELD[backend]}"
+                limit = settings.limit if settings.limit is not None else _capacity(_snapshot(backend, device), backend)
+        if error is None and peak is None and settings.limit is not None and not points:
+            raise ConfigError(
+                "limit",
+                f"a limit needs each trial's peak memory, and {measured_by} gave none for batch size {size}; "
+                "pass measure= as well (a callable returning the last trial's peak bytes), or drop limit=",
+            )
+        if error is None:
+            good = max(good, size)
+            if peak is not None:
+                points.append((size, peak))
+            misses = 0
+        else:
+            bad = size if bad is None else min(bad, size)
+            if reason in ("predict", "back-off", "upper-bound"):
+                misses += 1
+
+        if good == 0 and bad == 1:
+            assert last_oom is not None
+            oom = find_oom(last_oom) or last_oom
+            from .oom_report import build_report
+
+            report = build_report(oom, backend=backend, device=device, batch_size=1)
+            raise OutOfMemory(f"even batch size 1 does not fit.\n{report}", report) from last_oom
+        model = fit_linear(points)
+        bounds = [x for x in (None if bad is None else bad - 1, settings.max_size) if x is not None]
+        high = min(bounds) if bounds else None
+        if good and high is not None and good >= (1 - settings.margin) * high:
+            converged = True
+            break
+        if len(trials) >= settings.max_trials:
+            converged = False
+            break
+        if good == 0:
+            assert bad is not None
+            size, reason = max(1, bad // 2), "halve"
+            continue
+        size, reason = _next_size(good, bad, settings.max_size, _predict(model, limit), settings.margin, misses)
+
+    if good == 0:
+        raise OutOfMemory(
+            f"no batch size fit in {len(trials)} trials (smallest tried: {min(t.batch_size for t in trials)}); "
+            "raise max_trials or start lower",
+            None,
+        )
+    if not converged:
+        warnings.warn(
+            f"find_batch_size: max_trials={settings.max_trials} ran out before the answer was within "
+            f"margin={settings.margin}; returning {good}, the largest size that ran",
+            UnimemWarning,
+            stacklevel=3,
+        )
+    _release(backend, device, final=True)
+    after = _snapshot(backend, device)
+    if limit is None and settings.measure is None:
+        notes.append("no memory limit known: searched by doubling and bisection, without a model")
+    return BatchSizeSearch(
+        batch_size=good,
+        trials=tuple(trials),
+        smallest_failure=bad,
+        converged=converged,
+        margin=settings.margin,
+        limit=limit,
+        model=model,
+        measured_by=measured_by,
+        seconds=time.perf_counter() - began,
+        before=before,
+        after=after,
+        notes=tuple(notes),
+    )
+
+
+@overload
+def find_batch_size(
+    step: Callable[[int], Any],
+    *,
+    start: int,
+    backend: str | None = ...,
+    device: int = ...,
+    max_size: int | None = ...,
+    margin: float = ...,
+    measure: Callable[[], int | None] | None = ...,
+    limit: int | str | None = ...,
+    max_trials: int = ...,
+    return_trials: Literal[False] = ...,
+) -> int: ...
+
+
+@overload
+def find_batch_size(
+    step: Callable[[int], Any],
+    *,
+    start: int,
+    backend: str | None = ...,
+    device: int = ...,
+    max_size: int | None = ...,
+    margin: float = ...,
+    measure: Callable[[], int | None] | None = ...,
+    limit: int | str | None = ...,
+    max_trials: int = ...,
+    return_trials: Literal[True],
+) -> BatchSizeSearch: ...
+
+
+@overload
+def find_batch_size(
+    step: None = ...,
+    *,
+    start: int,
+    backend: str | None = ...,
+    device: int = ...,
+    max_size: int | None = ...,
+    margin: float = ...,
+    measure: Callable[[], int | None] | None = ...,
+    limit: int | str | None = ...,
+    max_trials: int = ...,
+    return_trials: bool = ...,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+
+
+def find_batch_size(
+    step: Callable[[int], Any] | None = None,
+    *,
+    start: int,
+    backend: str | None = None,
+    device: int = 0,
+    max_size: int | None = None,
+    margin: float = 0.05,
+    measure: Callable[[], int | None] | None = None,
+    limit: int | str | None = None,
+    max_trials: int = 20,
+    return_trials: bool = False,
+) -> int | BatchSizeSearch | Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The largest batch size for which ``step(batch_size)`` runs without running out of memory.
+
+    ``step`` runs one training step at the given batch size and lets the framework's
+    out-of-memory error propagate (any framework: see ``unimem.is_oom``); other errors
+    stop the search and propagate. The answer is a size that ran, at least
+    ``(1 - margin)`` × the largest that fits and never above it; ``margin=0`` searches to
+    the exact size. ``max_size`` bounds it from above. Afterwards the process holds no
+    more memory than before: the failed trials' references are dropped and
+    ``clear_cache`` runs.
+
+    Memory figures make it fast: each trial's peak (from ``unimem.stats`` after
+    ``reset_peak``, or from ``measure()``, called after each trial that fit, returning that
+    trial's peak bytes), fitted linearly, predicts the size that reaches ``limit``
+    (default: the framework's cap from ``stats().limit``; for torch also no more than its
+    pool plus the device's free bytes). Where the figures are None (the CPU, a framework
+    that keeps none) and no ``measure=`` is given, the search doubles from ``start`` until
+    a failure and then bisects: it still finds the size, in more trials.
+
+    ``return_trials=True`` returns a ``BatchSizeSearch`` with every trial (size, fit or
+    not, peak, seconds, why it was tried) instead of the int. Without ``step`` it is a
+    decorator: ``@find_batch_size(start=8)`` over ``def step(batch_size, *args)`` gives a
+    function of ``*args`` that runs the search and returns its answer (also kept as
+    ``.last_search``). Bad arguments raise ``ConfigError`` before any trial runs.
+    """
+    settings = _check(start, backend, device, max_size, margin, measure, limit, max_trials, return_trials)
+    if step is None:
+        return _decorator(settings)
+    if not callable(step):
+        raise ConfigError("step", f"expected a callable step(batch_size), got {step!r}")
+    result = _search(step, settings)
+    return result if settings.return_trials else result.batch_size
+
+
+def _decorator(settings: _Settings) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    import functools
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(function):
+            raise ConfigError("step", f"expected a callable step(batch_size, ...), got {function!r}")
+
+        @functools.wraps(function)
+        def search(*args: Any, **kwargs: Any) -> int | BatchSizeSearch:
+            result = _search(lambda size: function(size, *args, **kwargs), settings)
+            search.last_search = result  # type: ignore[attr-defined]
+            return result if settings.return_trials else result.batch_size
+
+        search.last_search = None  # type: ignore[attr-defined]
+        return search
+
+    return decorate

@@ -1,0 +1,106 @@
+"""Fragmentation of a framework's memory pool: free bytes a large request cannot use.
+
+``stats()`` must stay cheap, so figures that cost a walk over the allocator's blocks
+(torch's ``memory_snapshot()``) are read here, on request, by a backend method
+``fragmentation(device)`` that answers a dict (or None where the framework exposes
+nothing): ``free_in_pool`` (bytes the pool holds that no tensor uses),
+``largest_free_block`` and ``free_blocks`` (how many pieces), each an int or None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from . import api, registry
+from .sizes import format_bytes
+from .stats import MemoryStats
+
+__all__ = ["Fragmentation", "fragmentation", "with_fragmentation"]
+
+# Where each backend's figures come from, for the record (``Fragmentation.source``).
+_SOURCES = {
+    "torch": "torch.cuda.memory_snapshot(): inactive blocks of this device's segments",
+    "jax": "Device.memory_stats(): pool_bytes - bytes_in_use, largest_free_block_bytes",
+}
+
+
+@dataclass(frozen=True)
+class Fragmentation:
+    """Free space inside one backend's pool on one device; unknown figures are None.
+
+    ``share`` is the part of the pool's free bytes the largest free block cannot
+    serve: 0 when the free space is one block (or there is none), near 1 when it is
+    in pieces too small for a large request.
+    """
+
+    backend: str
+    device: int
+    free_in_pool: int | None = None
+    largest_free_block: int | None = None
+    free_blocks: int | None = None
+    source: str | None = None  # the call the figures come from; None when there are none
+
+    @property
+    def share(self) -> float | None:
+        if self.free_in_pool is None or self.largest_free_block is None:
+            return None
+        if self.free_in_pool <= 0:
+            return 0.0
+        return max(0.0, min(1.0, 1.0 - self.largest_free_block / self.free_in_pool))
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["share"] = self.share
+        return data
+
+    def __str__(self) -> str:
+        if self.share is None:
+            return f"{self.backend} device {self.device}: fragmentation unknown ({self.source or 'not exposed'})"
+        pieces = "" if self.free_blocks is None else f" in {self.free_blocks} blocks"
+        return (
+            f"{self.backend} device {self.device}: {self.share:.1%} fragmented; "
+            f"{format_bytes(self.free_in_pool)} free in the pool{pieces}, "
+            f"largest block {format_bytes(self.largest_free_block)}"
+        )
+
+
+def _read(name: str, device: int) -> Fragmentation:
+    backend = registry.get_backend(name)
+    # Not every adapter has the method (NVML has no pool): absent means unknown.
+    reader = getattr(backend, "fragmentation", None)
+    figures = reader(device) if reader is not None else None
+    if not figures:
+        return Fragmentation(name, device)
+    return Fragmentation(
+        name,
+        device,
+        free_in_pool=figures.get("free_in_pool"),
+        largest_free_block=figures.get("largest_free_block"),
+        free_blocks=figures.get("free_blocks"),
+        source=_SOURCES.get(name),
+    )
+
+
+def fragmentation(backend: str | None = None, device: int = 0) -> Fragmentation:
+    """How fragmented ``backend``'s pool on ``device`` is, from what the framework exposes.
+
+    torch: a walk over ``torch.cuda.memory_snapshot()`` (milliseconds for thousands of
+    blocks, which is why ``stats()`` does not do it); JAX: XLA's own figures;
+    TensorFlow and NVML: unknown (every figure None). Before the framework started its
+    device runtime every figure is None. ``backend=None`` picks like ``stats()``.
+    """
+    device = api._check_device(device)
+    return _read(api._resolve_query(backend), device)
+
+
+def with_fragmentation(snapshot: MemoryStats) -> MemoryStats:
+    """``snapshot`` with ``largest_free_block`` filled in where ``stats()`` leaves it None
+    and the backend can tell (torch, through its memory snapshot)."""
+    if snapshot.largest_free_block is not None or snapshot.backend not in registry.FRAMEWORKS:
+        return snapshot
+    found = _read(snapshot.backend, snapshot.device)
+    if found.largest_free_block is None:
+        return snapshot
+    return dataclasses.replace(snapshot, largest_free_block=found.largest_free_block)
