@@ -77,7 +77,7 @@ class MemoryHook:
             self._tracked.__enter__()  # resolves the backend now: the framework is in use by the first step
             self._open = True
             return None
-        if self.steps % self.every:
+        if (self.steps - 1) % self.every:  # steps completed since the first call
             return None
         tracked = self._tracked.roll()
         end = tracked.end
