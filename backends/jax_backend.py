@@ -257,16 +257,19 @@ class JaxBackend(Backend):
         baseline = self._peak_baseline.get(device)
         if baseline is not None and peak is not None and peak <= baseline:
             peak = None  # the peak since reset_peak() is unknown until it passes the old one
-        reserved = raw.get("pool_bytes", raw.get("bytes_reserved"))
+        # pool_bytes is the pool XLA holds from the device; bytes_reserved is not (it read 0
+        # beside a 1.3 GB BFC pool, jaxlib 0.11.2 on an H200). The cuda_async allocator has no
+        # pool and answers 0 for bytes_limit and largest_free_block_bytes: untracked, so None.
+        reserved = raw.get("pool_bytes")
         return MemoryStats(
             "jax",
             device,
             allocated=raw.get("bytes_in_use"),
             reserved=reserved,
             peak_allocated=peak,
-            peak_reserved=raw.get("peak_pool_bytes", raw.get("peak_bytes_reserved")),
-            limit=raw.get("bytes_limit"),
-            largest_free_block=raw.get("largest_free_block_bytes"),
+            peak_reserved=raw.get("peak_pool_bytes"),
+            limit=raw.get("bytes_limit") or None,
+            largest_free_block=None if reserved is None else raw.get("largest_free_block_bytes"),
             num_allocs=raw.get("num_allocs"),
             device_total=total,
             device_free=free,

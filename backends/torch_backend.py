@@ -93,7 +93,12 @@ class TorchBackend(Backend):
         "allocator.default": Support(
             Level.ENV, "PYTORCH_ALLOC_CONF (backend, expandable_segments unset)", When.BEFORE_INIT
         ),
-        "allocator.async": Support(Level.ENV, "PYTORCH_ALLOC_CONF=backend:cudaMallocAsync", When.BEFORE_INIT),
+        "allocator.async": Support(
+            Level.ENV,
+            "PYTORCH_ALLOC_CONF=backend:cudaMallocAsync",
+            When.BEFORE_IMPORT,
+            "torch reads the allocator backend when it is imported, unlike the other allocator keys",
+        ),
         "allocator.expandable": Support(
             Level.ENV,
             "PYTORCH_ALLOC_CONF=expandable_segments:True",
@@ -139,6 +144,7 @@ class TorchBackend(Backend):
         # What to do at CUDA init, for settings made before it: read when the hook fires.
         self._at_init: dict[str, Any] = {}
         self._properties: dict[int, Any] = {}
+        self._uuids: dict[int, str | None] = {}
 
     # --- phase ----------------------------------------------------------------
     def phase(self) -> Phase:
@@ -215,10 +221,17 @@ class TorchBackend(Backend):
             elif backend == "native" and not uncached:
                 # expandable_segments can be switched for segments made from now on.
                 value = "True" if allocator == "expandable" else "False"
-                call = f"torch.cuda.memory._set_allocator_settings('expandable_segments:{value}')"
+                # torch 2.11 deprecates torch.cuda.memory._set_allocator_settings with a
+                # FutureWarning that names this call as its replacement.
+                setter = getattr(getattr(torch, "_C", None), "_accelerator_setAllocatorSettings", None)
+                name = "torch._C._accelerator_setAllocatorSettings"
+                if setter is None:
+                    setter = torch.cuda.memory._set_allocator_settings
+                    name = "torch.cuda.memory._set_allocator_settings"
+                call = f"{name}('expandable_segments:{value}')"
 
                 def run() -> None:
-                    torch.cuda.memory._set_allocator_settings(f"expandable_segments:{value}")
+                    setter(f"expandable_segments:{value}")
 
                 return [
                     Step(
@@ -245,6 +258,10 @@ class TorchBackend(Backend):
                     ),
                 )
             ]
+        if phase is Phase.IMPORTED:
+            fixed = self._backend_fixed_at_import(allocator, var)
+            if fixed is not None:
+                return [fixed]
         current = os.environ.get(var) or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
         new_conf = merge_conf(current, _CONF_ALLOCATOR[allocator]) or None
         fix = "configure the allocator before the first CUDA call"
@@ -264,6 +281,33 @@ class TorchBackend(Backend):
                 )
             )
         return steps
+
+    def _backend_fixed_at_import(self, allocator: str, var: str) -> Step | None:
+        """torch picks its allocator backend (native or cudaMallocAsync) when it is imported;
+        the other allocator keys are read at CUDA init. A backend set after the import makes
+        the first CUDA call fail ("Allocator backend parsed at runtime != allocator backend
+        parsed at load time", torch 2.11 on an H200: evidence/gpu.json)."""
+        torch = sys.modules["torch"]
+        try:
+            loaded = torch.cuda.get_allocator_backend()  # names the import-time choice; starts no CUDA
+        except (AttributeError, RuntimeError):  # a CPU-only build has no CUDA allocator
+            return None
+        wanted = "cudaMallocAsync" if allocator == "async" else "native"
+        if loaded == wanted:
+            return None
+        return Step(
+            "torch",
+            "allocator",
+            allocator,
+            "env",
+            var,
+            too_late=(
+                f"torch chose its {loaded} allocator backend when it was imported and does not read it again; "
+                f"configure allocator={allocator!r} before `import torch`, or start the script with "
+                "`unimem run --allocator ...`"
+            ),
+            when=When.BEFORE_IMPORT,
+        )
 
     def _allowance_fraction(self, settings: Settings, total: int) -> float:
         if settings.fraction is not None:
@@ -476,11 +520,14 @@ class TorchBackend(Backend):
         }
 
     def _uuid(self, device: int) -> str | None:
+        if device in self._uuids:  # stats() asks on every call: format it once
+            return self._uuids[device]
         uuid = getattr(self._props(device), "uuid", None)
-        if uuid is None:
-            return None
-        text = str(uuid)
-        return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+        text = None if uuid is None else str(uuid)
+        if text is not None and not text.startswith(("GPU-", "MIG-")):
+            text = f"GPU-{text}"
+        self._uuids[device] = text
+        return text
 
     def reset_peak(self, device: int = 0) -> None:
         torch = sys.modules.get("torch")
