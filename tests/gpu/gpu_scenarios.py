@@ -367,9 +367,15 @@ def torch_allocator(allocator: str | None, after_import: bool = False, blocks: i
 
         R["torch_initialized_at_configure"] = torch.cuda.is_initialized()
     if allocator is not None:
-        R["applied"] = applied_text(unimem.configure("torch", allocator=allocator))
+        try:
+            R["applied"] = applied_text(unimem.configure("torch", allocator=allocator))
+        except unimem.TooLateError as exc:
+            R["configure_error"] = type(exc).__name__
+            R["configure_message"] = str(exc)[:400]
     env_snapshot("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING")
     import torch
+
+    R["initialized_after_configure"] = torch.cuda.is_initialized()
 
     tensors = [torch.empty(GiB, dtype=torch.uint8, device="cuda") for _ in range(blocks)]
     R["allocator_backend"] = torch.cuda.get_allocator_backend()
@@ -725,6 +731,10 @@ def jax_allocator(allocator: str | None, via_unimem: bool = True, size: int = Gi
     array.block_until_ready()
     R["process_used_with_array"] = raw_process_used(handle)
     native = jax.devices()[0].memory_stats()
+    if via_unimem:
+        import unimem
+
+        stats_into("stats_live", unimem.stats("jax"))
     R["memory_stats_keys"] = "<None>" if native is None else ",".join(sorted(native))
     for key, value in sorted((native or {}).items()):
         R[f"memory_stats.{key}"] = value

@@ -148,6 +148,12 @@ def test_jax_allocator_async(scenario: Any) -> None:
     r = scenario("jax_allocator", allocator="async")
     assert r["env.XLA_PYTHON_CLIENT_ALLOCATOR"] == "cuda_async"
     assert r["process_used_with_array"] - r["process_used_after_first_op"] >= GiB - SLACK
+    assert r["stats_live.allocated"] == r["memory_stats.bytes_in_use"] >= GiB
+    # cuda_async keeps no pool figures: memory_stats() answers 0 for them, unimem None (rule 5)
+    assert "pool_bytes" not in r["memory_stats_keys"].split(",")
+    assert r["stats_live.reserved"] is None
+    assert r["stats_live.limit"] is None
+    assert r["stats_live.largest_free_block"] is None
 
 
 def test_probe_jax_vmm_allocator(scenario: Any) -> None:

@@ -104,9 +104,19 @@ def test_torch_allocator_expandable(scenario: Any) -> None:
 @pytest.mark.covers("torch:allocator.async")
 @pytest.mark.parametrize("after_import", [False, True], ids=["before-import", "after-import"])
 def test_torch_allocator_async(scenario: Any, after_import: bool) -> None:
+    """Before ``import torch`` the cudaMallocAsync backend takes effect. After it (CUDA not
+    started yet) it is too late: torch reads the backend at import, and a backend set later
+    failed CUDA init with an INTERNAL ASSERT (seen here before backends/torch_backend.py
+    refused it); now configure raises TooLateError and CUDA starts on the import-time choice."""
     r = scenario("torch_allocator", allocator="async", after_import=after_import)
     if after_import:
         assert r["torch_initialized_at_configure"] is False
+        assert r.get("configure_error") == "TooLateError", "configure after import did not refuse the backend"
+        assert "import" in r["configure_message"]
+        assert r["initialized_after_configure"] is False  # asking torch which backend it has starts no CUDA
+        assert r["env.PYTORCH_ALLOC_CONF"] == "<unset>"  # refused before anything was set
+        assert r["allocator_backend"] == "native"
+        return
     assert r["allocator_backend"] == "cudaMallocAsync"
     assert "stats_error" not in r, r.get("stats_error")
     assert r["stats_allocated"] == r["memory_allocated"]
@@ -120,6 +130,7 @@ def test_torch_configure_after_cuda_init(scenario: Any) -> None:
     assert r["async_error"] == "TooLateError"
     assert abs(r["fraction_in_torch"] - 0.3) < 1e-9
     assert r["large_segments"] == 1
+    assert r["expandable_warnings"] == "", "unimem's own call raised a warning"
 
 
 @pytest.mark.covers("torch:allocator.uncached", "torch:clear_cache")
