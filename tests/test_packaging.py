@@ -1,0 +1,148 @@
+"""The package as users install it: a wheel and an editable install, each into a FRESH
+virtual environment with no framework, from a copy of the working tree.
+
+Slow (two venvs, click and rich from PyPI): about a minute. Needs network access to PyPI.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+_IGNORE = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".hypothesis",
+    "tests",
+    "benchmarks",
+    "evidence",
+    ".whl",
+)
+
+# Run inside the fresh venv, from a folder that is not the source tree.
+CHECK = textwrap.dedent(
+    """
+    import importlib.util, json, os, shutil, sys
+    import unimem, unimem.backends.torch_backend, unimem.backends.nvml_backend
+    from unimem.backends import tensorflow_backend, jax_backend
+    package = os.path.dirname(unimem.__file__)
+    print(json.dumps({
+        "available": unimem.available_backends(),
+        "py_typed": os.path.isfile(os.path.join(package, "py.typed")),
+        "top_level_backends": importlib.util.find_spec("backends") is not None,
+        "frameworks_loaded": [m for m in ("torch", "tensorflow", "jax", "pynvml") if m in sys.modules],
+        "script": shutil.which("unimem", path=os.path.dirname(sys.executable)),
+        "file": unimem.__file__,
+        "capabilities": sorted(unimem.capabilities("torch")) == sorted(unimem.capabilities("jax")),
+    }))
+    """
+)
+
+
+def _run(args: list[str | Path], **kwargs) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=300, **kwargs)
+    assert proc.returncode == 0, f"{' '.join(map(str, args))} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def _fresh_venv(path: Path) -> Path:
+    _run([sys.executable, "-m", "venv", path])
+    return path / "bin" / "python"
+
+
+def _pip(python: Path, *args: str | Path) -> None:
+    _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *args])
+
+
+def _check(python: Path, cwd: Path) -> dict:
+    proc = _run([python, "-c", CHECK], cwd=cwd)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _check_cli(python: Path, cwd: Path) -> None:
+    script = python.parent / "unimem"
+    assert script.is_file(), "the unimem console script was not installed"
+    out = _run([script, "--version"], cwd=cwd).stdout
+    assert "0.1.0" in out or "version" in out.lower()
+    _run([python, "-m", "unimem", "--help"], cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """A copy of the working tree (what is committed or about to be), without build debris."""
+    src = tmp_path_factory.mktemp("pkg") / "src"
+    shutil.copytree(REPO, src, ignore=_IGNORE)
+    return src
+
+
+def test_wheel_installs_into_a_fresh_venv(source, tmp_path):
+    dist = tmp_path / "dist"
+    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", dist, source])
+    [wheel] = dist.glob("unimem-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops <= {"unimem", next(t for t in tops if t.endswith(".dist-info"))}, f"unexpected top level: {tops}"
+    assert "unimem/py.typed" in names
+    assert {f"unimem/backends/{n}_backend.py" for n in ("torch", "tensorflow", "jax", "nvml")} <= set(names)
+    assert not any(name.startswith(("backends/", "tests/")) for name in names)
+
+    python = _fresh_venv(tmp_path / "venv")
+    _pip(python, wheel)
+    out = _check(python, cwd=tmp_path)
+    assert out["available"] == [], "a bare install has no framework and no NVML"
+    assert out["py_typed"] is True
+    assert out["top_level_backends"] is False, "a top-level 'backends' package was installed"
+    assert out["frameworks_loaded"] == []
+    assert out["script"] is not None
+    assert out["capabilities"] is True
+    assert str(tmp_path / "venv") in out["file"]
+    _check_cli(python, cwd=tmp_path)
+
+
+def test_editable_install_into_a_fresh_venv(source, tmp_path):
+    python = _fresh_venv(tmp_path / "venv")
+    _pip(python, "--upgrade", "setuptools")
+    _pip(python, "--no-build-isolation", "-e", source)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = _check(python, cwd=elsewhere)
+    assert out["available"] == []
+    assert out["py_typed"] is True
+    assert out["top_level_backends"] is False, "the editable install exposes a top-level 'backends'"
+    assert out["frameworks_loaded"] == []
+    assert out["file"] == str(source / "unimem" / "__init__.py"), "editable: unimem must come from the source tree"
+    _check_cli(python, cwd=elsewhere)
+
+
+def test_declared_build_requirements_are_enough_to_build(source, tmp_path):
+    """A build without isolation (offline CI, distro packaging) in an environment holding
+    exactly what ``[build-system] requires`` asks for: the declaration must suffice."""
+    text = (source / "pyproject.toml").read_text()
+    try:
+        import tomllib
+
+        requires = tomllib.loads(text)["build-system"]["requires"]
+    except ModuleNotFoundError:  # Python 3.10
+        block = re.search(r"\[build-system\][^\[]*?requires\s*=\s*\[(.*?)\]", text, re.S)
+        assert block is not None
+        requires = re.findall(r'"([^"]+)"', block.group(1))
+    python = _fresh_venv(tmp_path / "venv")
+    _pip(python, *requires)
+    _run([python, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path / "w", source])
+    assert list((tmp_path / "w").glob("unimem-*.whl"))
