@@ -62,6 +62,8 @@ def machine(label: str | None) -> dict[str, Any]:
         "python": platform.python_version(),
         "executable": sys.executable,
         "gpu": gpu_description(),
+        # other work on the machine skews every timing here: the 1/5/15-minute load averages
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
 
 
