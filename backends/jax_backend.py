@@ -141,6 +141,14 @@ class JaxBackend(Backend):
             "policy.loss_scaler() (a pytree: pass it into jax.jit and return it)",
             note="implemented in unimem with jax.numpy; no jmp/optax needed",
         ),
+        "oom": Support(Level.NATIVE, "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED (memory messages only)"),
+        "fragmentation": Support(Level.NATIVE, "Device.memory_stats()['largest_free_block_bytes'], pool_bytes"),
+        "batch_size": Support(
+            Level.EMULATED,
+            "unimem.find_batch_size: peak_bytes_in_use per trial, fitted against bytes_limit",
+            note="XLA cannot reset its peak: a trial smaller than an earlier one adds no point to the fit; "
+            "jax.clear_caches() once at the end drops the trials' compiled steps",
+        ),
     }
 
     def __init__(self) -> None:

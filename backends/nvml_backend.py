@@ -278,6 +278,9 @@ class NvmlBackend(Backend):
             feature: Support(Level.UNSUPPORTED, note="NVML observes memory and runs no computation")
             for feature in ("precision.bf16", "precision.fp16", "precision.loss_scaling")
         },
+        "oom": Support(Level.UNSUPPORTED, note="NVML runs no computation and raises no out-of-memory error"),
+        "fragmentation": Support(Level.UNSUPPORTED, note="NVML sees device memory, not a framework's pool"),
+        "batch_size": Support(Level.UNSUPPORTED, note="NVML runs no step"),
     }
 
     def phase(self) -> Phase:

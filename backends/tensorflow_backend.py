@@ -94,6 +94,13 @@ class TensorFlowBackend(Backend):
             "keras.optimizers.LossScaleOptimizer (policy.wrap_optimizer)",
             note="policy.loss_scaler() for a tf.GradientTape loop (tf.Variable state, works in tf.function)",
         ),
+        "oom": Support(Level.NATIVE, "tf.errors.ResourceExhaustedError (memory messages only)"),
+        "fragmentation": Support(Level.UNSUPPORTED, note="TF does not expose its BFC allocator's free bins"),
+        "batch_size": Support(
+            Level.EMULATED,
+            "unimem.find_batch_size: get_memory_info peak per trial, fitted against the memory_limit unimem set",
+            note="without a cap (or on the CPU) it doubles then bisects, or fits what measure= reports",
+        ),
     }
 
     def __init__(self) -> None:

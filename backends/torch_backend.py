@@ -137,6 +137,21 @@ class TorchBackend(Backend):
             "(torch.amp.GradScaler semantics over a list of gradients)",
             note="unscales in place with GradScaler's fused kernel; one host sync per step for `finite`",
         ),
+        "oom": Support(
+            Level.NATIVE,
+            "torch.OutOfMemoryError; allocator messages (CUDA, CPU, MPS)",
+            note="the CPU allocator's OOM is a plain RuntimeError: recognised by its message",
+        ),
+        "fragmentation": Support(
+            Level.NATIVE,
+            "torch.cuda.memory_snapshot(): inactive blocks",
+            note="read on request (fragmentation(), summary(), OOM reports), never in stats(): it walks every block",
+        ),
+        "batch_size": Support(
+            Level.EMULATED,
+            "unimem.find_batch_size: peak_reserved per trial, fitted against the cap",
+            note="empty_cache() between trials so each peak starts from a clean pool",
+        ),
     }
 
     def __init__(self) -> None:

@@ -301,8 +301,11 @@ def capabilities(backend: str) -> dict[str, Support]:
 
 
 def summary(backend: str | None = None, device: int = 0) -> str:
-    """``stats()`` as a readable table."""
-    snapshot = stats(backend, device)
+    """``stats()`` as a readable table, with fragmentation where the backend can tell
+    (torch's comes from its memory snapshot, too slow for ``stats()`` itself)."""
+    from .pool_fragmentation import with_fragmentation
+
+    snapshot = with_fragmentation(stats(backend, device))
     backend_obj = registry.get_backend(snapshot.backend)
     title = f"unimem: {snapshot.backend} on device {device} ({backend_obj.phase().describe()})"
     rows = snapshot.rows()

@@ -187,16 +187,19 @@ def _median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def fit_linear(points: list[tuple[int, int]]) -> tuple[float, float] | None:
-    """``(a, b)`` of ``bytes = a + b × batch`` by Theil–Sen, or None when memory does
-    not grow with the batch (or fewer than two sizes are known)."""
-    slopes = [(m2 - m1) / (n2 - n1) for (n1, m1), (n2, m2) in itertools.combinations(sorted(points), 2) if n2 != n1]
+def fit_linear(points: list[tuple[int, int]], *, largest: int = 5) -> tuple[float, float] | None:
+    """``(a, b)`` of ``bytes = a + b × batch`` by Theil–Sen over the ``largest`` biggest
+    sizes (small batches are dominated by allocator granularity, and the fit is used to
+    extrapolate upwards), or None when memory does not grow with the batch there or
+    fewer than two sizes are known. Among five sizes, one wild reading moves it little."""
+    chosen = sorted(points)[-largest:]
+    slopes = [(m2 - m1) / (n2 - n1) for (n1, m1), (n2, m2) in itertools.combinations(chosen, 2) if n2 != n1]
     if not slopes:
         return None
     b = _median(slopes)
     if b <= 0:
         return None
-    a = _median([m - b * n for n, m in points])
+    a = _median([m - b * n for n, m in chosen])
     return a, b
 
 
@@ -225,8 +228,11 @@ def _next_size(
             size, reason = upper, "upper-bound"
         else:
             size, reason = math.floor(predicted * (1 - margin / 2)), "predict"
-            if size <= good:
-                size, reason = math.floor(good / (1 - margin)) + 1, "close"
+            close = math.floor(good / (1 - margin)) + 1
+            if size < close:
+                # Near the edge: the smallest size whose failure ends the search beats a
+                # small step up (it fails and ends it, or fits and gains more).
+                size, reason = close, "close"
     elif bad is None:
         size, reason = 2 * good, "grow"
     else:
@@ -257,9 +263,10 @@ def _attempt(step: Callable[[int], Any], size: int) -> tuple[str | None, BaseExc
     return None, None
 
 
-def _release(backend: str | None, device: int, *, final: bool) -> None:
+def _release(backend: str | None, device: int, *, failed: bool = False, final: bool = False) -> None:
     """Give back what the last trial left, outside any ``except`` block."""
-    gc.collect()
+    if failed or final:
+        gc.collect()  # a failed step's objects may sit in reference cycles
     if backend is None:
         return
     if backend == "torch" or final:
@@ -302,8 +309,14 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
     backend = _framework(settings)
     device = settings.device
     notes: list[str] = []
+    if settings.limit is not None and settings.measure is None and backend is None:
+        raise ConfigError(
+            "limit",
+            "a limit needs each trial's peak memory, and no framework is in use to report it; "
+            "pass measure= (a callable returning the last trial's peak bytes) or backend=",
+        )
     if backend is not None:
-        _release(backend, device, final=False)
+        _release(backend, device)
     before = _snapshot(backend, device)
     limit = settings.limit if settings.limit is not None else _capacity(before, backend)
     if settings.measure is not None:
@@ -333,7 +346,7 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
                 peak = None if value is None else int(value)
             elif backend is not None:
                 peak = getattr(api.stats(backend, device), _PEAK_FIELD[backend])
-        _release(backend, device, final=False)  # outside the except block: the frames are gone
+        _release(backend, device, failed=error is not None)  # outside the except block: the frames are gone
         trials.append(Trial(size, error is None, peak, seconds, reason, error))
 
         if backend is None and settings.backend is None and len(trials) == 1:

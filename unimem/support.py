@@ -91,4 +91,7 @@ FEATURES: dict[str, str] = {
     "precision.bf16": "mixed precision bf16 (`mixed_precision('bf16')`)",
     "precision.fp16": "mixed precision fp16 (`mixed_precision('fp16')`)",
     "precision.loss_scaling": "dynamic loss scaling (`policy.loss_scaler()`)",
+    "oom": "out-of-memory errors recognised (`is_oom`, `oom_guard`)",
+    "fragmentation": "pool fragmentation (`unimem.fragmentation()`, OOM reports)",
+    "batch_size": "largest batch that fits (`find_batch_size`)",
 }

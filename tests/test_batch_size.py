@@ -1,0 +1,406 @@
+"""``find_batch_size``: the true largest size within the margin, few trials, nothing held after.
+
+The frameworks keep no allocator figures on the CPU, so each test step has a known need,
+``A + B × batch`` bytes, which it really allocates through the framework, and past a set
+cap it asks the framework for ``1 << 58`` bytes: a real out-of-memory error of that
+framework, raised while the step's batch tensor is alive in its frame. The search is run
+twice per framework (one subprocess each): with ``measure=`` reporting the bytes the step
+allocated (what ``stats().peak_*`` reports on a GPU), and with no memory figures at all.
+The search's logic is also tested in-process over many needs, caps and margins with a
+pure-Python step that raises ``MemoryError``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+import weakref
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import unimem
+from unimem.batch_size import fit_linear
+
+# --- the real thing, one subprocess per framework ------------------------------------------------
+
+_FRAMEWORK_CODE = {
+    "torch": """
+import torch
+def alloc(n): return torch.ones(n, dtype=torch.uint8)
+def boom(): torch.empty(1 << 58, dtype=torch.uint8)
+def live_count():
+    return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
+""",
+    "jax": """
+import jax, jax.numpy as jnp
+def alloc(n): return jnp.ones(n, dtype=jnp.uint8).block_until_ready()
+def boom(): jnp.zeros(1 << 58, dtype=jnp.uint8).block_until_ready()
+def live_count():
+    return len(jax.live_arrays())
+""",
+    "tensorflow": """
+import tensorflow as tf
+from tensorflow.python.framework.ops import EagerTensor
+def alloc(n): return tf.ones([n], tf.uint8)
+def boom(): tf.zeros([1 << 58], tf.uint8)
+def live_count():
+    return sum(1 for o in gc.get_objects() if isinstance(o, EagerTensor))
+""",
+}
+
+_SCRIPT = r"""
+import gc, json, sys, weakref
+import unimem
+FW = FRAMEWORK
+A, B, CAP = 4 << 20, 32 << 10, 48 << 20
+TRUE_MAX = (CAP - A) // B  # 1408
+R = {"true_max": TRUE_MAX}
+refs, peak = [], {}
+
+def step(batch_size):
+    batch = alloc(B * batch_size)  # held by this frame when the OOM comes
+    refs.append(weakref.ref(batch))
+    if A + B * batch_size > CAP:
+        boom()
+    weights = alloc(A)
+    peak["bytes"] = A + B * batch_size
+
+def measure():
+    return peak.pop("bytes", None)
+
+def held():
+    return sum(r() is not None for r in refs)
+
+alloc(1); gc.collect()  # the framework's own first-use objects exist before counting
+before = live_count()
+# limit= stands for the cap stats().limit reports on a GPU
+found = unimem.find_batch_size(step, start=8, backend=FW, measure=measure, limit=CAP, return_trials=True)
+R["measured"] = found.as_dict()
+R["measured_held"] = held()
+R["measured_live_delta"] = live_count() - before
+
+refs.clear()
+found = unimem.find_batch_size(step, start=8, backend=FW, return_trials=True)
+R["blind"] = found.as_dict()
+R["blind_held"] = held()
+R["blind_live_delta"] = live_count() - before
+
+# The control: a search that keeps the last error, as other finders do, keeps its batch.
+refs.clear()
+size, last_error = 2048, None
+while True:
+    try:
+        step(size)
+        break
+    except Exception as exc:
+        last_error = exc
+        size //= 2
+R["naive_held"] = held()
+del last_error
+
+@unimem.find_batch_size(start=8, backend=FW, measure=measure, limit=CAP, margin=0.01)
+def decorated(batch_size, scale):
+    step(batch_size * scale)
+
+R["decorated"] = decorated(2)
+R["decorated_trials"] = len(decorated.last_search.trials)
+try:
+    unimem.find_batch_size(lambda n: boom(), start=4, backend=FW)
+except unimem.OutOfMemory as exc:
+    R["at_one_fails"] = {"cause": type(exc.__cause__).__name__, "report_batch": exc.report.batch_size}
+try:
+    unimem.find_batch_size(step, start=8, backend=FW, limit=CAP)
+except unimem.ConfigError as exc:
+    R["limit_without_figures"] = exc.parameter
+emit(R)
+"""
+
+_RUNS: dict[str, dict[str, Any]] = {}
+
+
+@pytest.fixture(params=["torch", "jax", "tensorflow"])
+def real(request: Any, need: Any, pyjson: Any) -> tuple[str, dict[str, Any]]:
+    framework = request.param
+    need(framework)
+    if framework not in _RUNS:
+        code = _FRAMEWORK_CODE[framework] + _SCRIPT.replace("FRAMEWORK", repr(framework))
+        _RUNS[framework] = pyjson(code, timeout=240)
+    return framework, _RUNS[framework]
+
+
+def _within_margin(search: dict[str, Any], true_max: int) -> None:
+    found, margin = search["batch_size"], search["margin"]
+    assert (1 - margin) * true_max <= found <= true_max, f"{found} is not within {margin:.0%} of {true_max}"
+    assert search["converged"] is True
+    fitted = [t["batch_size"] for t in search["trials"] if t["fits"]]
+    failed = [t["batch_size"] for t in search["trials"] if not t["fits"]]
+    assert max(fitted) == found and all(size > true_max for size in failed)
+
+
+@pytest.mark.covers("torch:batch_size", "jax:batch_size", "tensorflow:batch_size")
+def test_with_memory_figures_it_finds_the_true_maximum_in_few_trials(real: tuple[str, dict[str, Any]]) -> None:
+    _, run = real
+    search = run["measured"]
+    _within_margin(search, run["true_max"])
+    assert len(search["trials"]) <= 6, search["trials"]
+    assert search["measured_by"] == "measure="
+    a, b = search["model"]["a"], search["model"]["b"]
+    assert math.isclose(a, 4 << 20) and math.isclose(b, 32 << 10)  # the need, recovered from two trials
+
+
+@pytest.mark.covers("torch:batch_size", "jax:batch_size", "tensorflow:batch_size")
+def test_without_memory_figures_it_doubles_then_bisects(real: tuple[str, dict[str, Any]]) -> None:
+    framework, run = real
+    search = run["blind"]
+    _within_margin(search, run["true_max"])
+    reasons = [t["reason"] for t in search["trials"]]
+    assert reasons[0] == "start" and "grow" in reasons and "bisect" in reasons
+    assert all(t["peak"] is None for t in search["trials"])  # the CPU keeps no figures: None, not 0
+    assert (
+        search["measured_by"] == f"stats({framework!r}).{'peak_reserved' if framework == 'torch' else 'peak_allocated'}"
+    )
+    assert len(search["trials"]) <= 14
+
+
+def test_nothing_of_the_failed_trials_is_held_after_the_search(real: tuple[str, dict[str, Any]]) -> None:
+    _, run = real
+    assert run["measured_held"] == 0 and run["blind_held"] == 0
+    assert run["measured_live_delta"] <= 0 and run["blind_live_delta"] <= 0
+    # The control: keeping the exception, as other finders do, keeps the failed batch alive.
+    assert run["naive_held"] >= 1
+
+
+def test_decorator_form_and_the_smallest_size_failing(real: tuple[str, dict[str, Any]]) -> None:
+    framework, run = real
+    true_max = run["true_max"] // 2  # the decorated step doubles the batch
+    assert 0.99 * true_max <= run["decorated"] <= true_max
+    assert run["decorated_trials"] <= 6
+    cause = {"torch": "RuntimeError", "jax": "JaxRuntimeError", "tensorflow": "ResourceExhaustedError"}[framework]
+    assert run["at_one_fails"] == {"cause": cause, "report_batch": 1}
+    assert run["limit_without_figures"] == "limit"
+
+
+# --- the search's logic, in-process, with a pure-Python step -------------------------------------
+
+
+class _Batch:
+    """A stand-in for a batch tensor that a weakref can watch."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+class Need:
+    """A step needing ``a + b × batch`` bytes, raising ``MemoryError`` past ``cap``."""
+
+    def __init__(self, a: int, b: int, cap: int, noise: float = 0.0) -> None:
+        self.a, self.b, self.cap, self.noise = a, b, cap, noise
+        self.calls: list[int] = []
+        self.peak: int | None = None
+        self.refs: list[weakref.ref[_Batch]] = []
+
+    @property
+    def true_max(self) -> int:
+        return (self.cap - self.a) // self.b
+
+    def __call__(self, batch_size: int) -> None:
+        self.calls.append(batch_size)
+        batch = _Batch(batch_size)
+        self.refs.append(weakref.ref(batch))
+        if self.a + self.b * batch_size > self.cap:
+            raise MemoryError(f"need {self.a + self.b * batch_size}")
+        # A reading that wobbles with the size, the way allocator rounding does.
+        wobble = 1 + self.noise * math.sin(batch_size * 1.7)
+        self.peak = int(self.a + self.b * batch_size * wobble)
+
+    def measure(self) -> int | None:
+        peak, self.peak = self.peak, None
+        return peak
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    a=st.integers(0, 1 << 30),
+    b=st.integers(1, 1 << 20),
+    true_max=st.integers(1, 20_000),
+    start=st.integers(1, 256),
+    margin=st.sampled_from([0.0, 0.01, 0.05, 0.2]),
+    measured=st.booleans(),
+    noise=st.sampled_from([0.0, 0.02]),
+)
+def test_the_answer_is_always_within_the_margin(
+    a: int, b: int, true_max: int, start: int, margin: float, measured: bool, noise: float
+) -> None:
+    step = Need(a, b, a + b * true_max + b - 1, noise)
+    assert step.true_max == true_max
+    search = unimem.find_batch_size(
+        step,
+        start=start,
+        margin=margin,
+        measure=step.measure if measured else None,
+        limit=step.cap if measured else None,
+        max_trials=64,
+        return_trials=True,
+    )
+    assert (1 - margin) * true_max <= search.batch_size <= true_max
+    assert search.converged
+    assert len(step.calls) == len(search.trials) == len(set(step.calls)), "a size was tried twice"
+    assert all(ref() is None for ref in step.refs), "a trial's batch outlived the search"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    a=st.integers(0, 1 << 30),  # parameters, optimizer state, workspaces
+    b=st.integers(1 << 10, 1 << 22),  # bytes per sample
+    true_max=st.integers(64, 50_000),
+    start=st.integers(1, 16),
+    noise=st.sampled_from([0.0, 0.01]),
+)
+def test_with_figures_and_a_small_start_it_needs_at_most_six_trials(
+    a: int, b: int, true_max: int, start: int, noise: float
+) -> None:
+    step = Need(a, b, a + b * true_max, noise)
+    search = unimem.find_batch_size(
+        step, start=start, measure=step.measure, limit=step.cap, margin=0.05, return_trials=True
+    )
+    assert 0.95 * true_max <= search.batch_size <= true_max
+    assert len(search.trials) <= 6, str(search)
+
+
+def test_a_start_that_does_not_fit_is_halved() -> None:
+    step = Need(0, 1000, 1000 * 100)
+    search = unimem.find_batch_size(step, start=1000, return_trials=True)
+    assert [t.reason for t in search.trials][:4] == ["start", "halve", "halve", "halve"]
+    assert 95 <= search.batch_size <= 100
+
+
+def test_max_size_bounds_the_answer() -> None:
+    step = Need(0, 1, 1 << 40)  # everything fits
+    search = unimem.find_batch_size(step, start=4, max_size=100, return_trials=True)
+    assert search.batch_size == 100 and search.smallest_failure is None
+    assert max(step.calls) == 100
+    measured = Need(0, 10, 1 << 40)
+    search = unimem.find_batch_size(
+        measured, start=4, max_size=500, measure=measured.measure, limit=measured.cap, return_trials=True
+    )
+    assert search.batch_size == 500 and len(search.trials) == 3
+    assert search.trials[-1].reason == "upper-bound"
+
+
+def test_batch_size_one_not_fitting_raises_out_of_memory_with_a_report() -> None:
+    with pytest.raises(unimem.OutOfMemory) as info:
+        unimem.find_batch_size(Need(10, 1, 5), start=4)
+    assert isinstance(info.value.__cause__, MemoryError)
+    assert info.value.report is not None and info.value.report.batch_size == 1
+    assert "even batch size 1 does not fit" in str(info.value)
+
+
+def test_other_errors_stop_the_search_untouched() -> None:
+    error = ValueError("shapes")
+
+    def step(batch_size: int) -> None:
+        if batch_size > 8:
+            raise error
+
+    with pytest.raises(ValueError) as info:
+        unimem.find_batch_size(step, start=4)
+    assert info.value is error
+
+
+def test_running_out_of_trials_warns_and_returns_the_largest_that_ran() -> None:
+    step = Need(0, 1, 10_000)
+    with pytest.warns(unimem.UnimemWarning, match="max_trials=3"):
+        search = unimem.find_batch_size(step, start=4, max_trials=3, return_trials=True)
+    assert search.batch_size == 16 and search.converged is False
+
+
+def test_result_reads_well_and_is_json_ready() -> None:
+    step = Need(1000, 100, 1000 + 100 * 500)
+    search = unimem.find_batch_size(step, start=2, measure=step.measure, limit=step.cap, return_trials=True)
+    data = json.loads(json.dumps(search.as_dict()))
+    assert data["batch_size"] == search.batch_size == int(search)
+    assert [t["batch_size"] for t in data["trials"]] == step.calls
+    text = str(search)
+    assert text.startswith(f"batch size {search.batch_size} in {len(search.trials)} trials")
+    assert "× batch (measure=)" in text
+
+
+def test_decorator_passes_the_arguments_through() -> None:
+    seen: list[tuple[int, str]] = []
+
+    @unimem.find_batch_size(start=4, margin=0.0)
+    def step(batch_size: int, tag: str) -> None:
+        seen.append((batch_size, tag))
+        if batch_size > 37:
+            raise MemoryError
+
+    assert step("x") == 37
+    assert step.last_search.batch_size == 37  # type: ignore[attr-defined]
+    assert {tag for _, tag in seen} == {"x"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"),
+    [
+        ({"start": 0}, "start"),
+        ({"start": -4}, "start"),
+        ({"start": 2.5}, "start"),
+        ({"start": True}, "start"),
+        ({"margin": 1.5}, "margin"),
+        ({"margin": 1.0}, "margin"),
+        ({"margin": -0.1}, "margin"),
+        ({"margin": float("nan")}, "margin"),
+        ({"margin": True}, "margin"),
+        ({"max_size": 2}, "max_size"),
+        ({"max_size": 1.5}, "max_size"),
+        ({"measure": 5}, "measure"),
+        ({"limit": "lots"}, "limit"),
+        ({"limit": -1}, "limit"),
+        ({"max_trials": 0}, "max_trials"),
+        ({"return_trials": "yes"}, "return_trials"),
+        ({"backend": "numpy"}, "backend"),
+        ({"device": -1}, "device"),
+    ],
+)
+def test_bad_arguments_raise_config_error_before_any_trial(kwargs: dict[str, Any], parameter: str) -> None:
+    step = Need(0, 1, 100)
+    arguments: dict[str, Any] = {"start": 4, **kwargs}
+    with pytest.raises(unimem.ConfigError) as info:
+        unimem.find_batch_size(step, **arguments)
+    assert info.value.parameter == parameter
+    assert step.calls == [], "a trial ran before the arguments were checked"
+    with pytest.raises(unimem.ConfigError):
+        unimem.find_batch_size(**arguments)  # the decorator form checks as early
+
+
+def test_a_step_that_is_not_callable_is_a_config_error() -> None:
+    with pytest.raises(unimem.ConfigError) as info:
+        unimem.find_batch_size(42, start=4)  # type: ignore[call-overload]
+    assert info.value.parameter == "step"
+
+
+def test_a_limit_without_any_memory_figure_is_refused_before_any_trial() -> None:
+    step = Need(0, 1, 100)
+    with pytest.raises(unimem.ConfigError) as info:
+        unimem.find_batch_size(step, start=4, limit="1GiB")
+    assert info.value.parameter == "limit" and "measure=" in str(info.value)
+    assert step.calls == []
+
+
+def test_fit_is_robust_to_one_bad_reading() -> None:
+    assert fit_linear([(8, 1800), (16, 2600)]) == (1000.0, 100.0)
+    a, b = fit_linear([(8, 1800), (16, 2600), (32, 4200), (48, 5800), (64, 99_999)])  # type: ignore[misc]
+    assert math.isclose(b, 100, rel_tol=0.05) and math.isclose(a, 1000, rel_tol=0.2)
+    assert fit_linear([(8, 1000), (16, 1000)]) is None  # memory does not grow: no model
+    assert fit_linear([(8, 1000)]) is None
+
+
+def test_no_warning_on_a_normal_search() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        step = Need(0, 3, 3000)
+        assert unimem.find_batch_size(step, start=4, margin=0.0) == 1000
