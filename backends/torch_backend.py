@@ -149,8 +149,9 @@ class TorchBackend(Backend):
         ),
         "batch_size": Support(
             Level.EMULATED,
-            "unimem.find_batch_size: peak_reserved per trial, fitted against the cap",
-            note="empty_cache() between trials so each peak starts from a clean pool",
+            "unimem.find_batch_size: peak_allocated per trial, fitted against the cap",
+            note="the cap less the pool's overhead (peak_reserved - peak_allocated) at the largest trial "
+            "that fit; empty_cache() between trials so each peak starts from a clean pool",
         ),
     }
 

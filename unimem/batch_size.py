@@ -40,9 +40,11 @@ from .stats import MemoryStats
 
 __all__ = ["BatchSizeSearch", "Trial", "find_batch_size"]
 
-# Which peak each framework's cap applies to: torch caps the bytes its caching
-# allocator reserves; XLA's and TF's BFC limits bound the bytes in use.
-_PEAK_FIELD = {"torch": "peak_reserved", "jax": "peak_allocated", "tensorflow": "peak_allocated"}
+# The fit uses the peak bytes in use (smooth in the batch size). torch's cap bounds the
+# bytes its caching allocator reserves, which at small batches move in 2 and 20 MiB
+# segments: the prediction holds the peak in use against the cap less the pool's
+# overhead (peak reserved - peak in use) seen at the largest trial that fit.
+_PEAK_FIELD = "peak_allocated"
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Trial:
     seconds: float
     reason: str  # why this size: start, grow, halve, predict, close, back-off, bisect, upper-bound
     error: str | None = None  # the out-of-memory message's first line when it did not fit
+    peak_reserved: int | None = None  # torch: the pool's peak in the same trial
 
 
 @dataclass(frozen=True)
@@ -322,9 +325,10 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
     if settings.measure is not None:
         measured_by = "measure="
     elif backend is not None:
-        measured_by = f"stats({backend!r}).{_PEAK_FIELD[backend]}"
+        measured_by = f"stats({backend!r}).{_PEAK_FIELD}"
     else:
         measured_by = "nothing (no framework in use, no measure=)"
+    overhead = 0  # torch: the pool's bytes beyond those in use, at the largest trial that fit
 
     trials: list[Trial] = []
     points: list[tuple[int, int]] = []
@@ -340,20 +344,24 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
         error, last_oom = _attempt(step, size)
         seconds = time.perf_counter() - t0
         peak: int | None = None
+        peak_reserved: int | None = None
         if error is None:
             if settings.measure is not None:
                 value = settings.measure()
                 peak = None if value is None else int(value)
             elif backend is not None:
-                peak = getattr(api.stats(backend, device), _PEAK_FIELD[backend])
+                figures = api.stats(backend, device)
+                peak, peak_reserved = figures.peak_allocated, figures.peak_reserved
+                if backend == "torch" and peak is not None and peak_reserved is not None and size > good:
+                    overhead = max(0, peak_reserved - peak)
         _release(backend, device, failed=error is not None)  # outside the except block: the frames are gone
-        trials.append(Trial(size, error is None, peak, seconds, reason, error))
+        trials.append(Trial(size, error is None, peak, seconds, reason, error, peak_reserved))
 
         if backend is None and settings.backend is None and len(trials) == 1:
             # The first trial may have imported the framework: read its figures from now on.
             backend = _framework(settings)
             if backend is not None and settings.measure is None:
-                measured_by = f"stats({backend!r}).{_PEAK_FIELD[backend]}"
+                measured_by = f"stats({backend!r}).{_PEAK_FIELD}"
                 limit = settings.limit if settings.limit is not None else _capacity(_snapshot(backend, device), backend)
         if error is None and peak is None and settings.limit is not None and not points:
             raise ConfigError(
@@ -391,7 +399,8 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             assert bad is not None
             size, reason = max(1, bad // 2), "halve"
             continue
-        size, reason = _next_size(good, bad, settings.max_size, _predict(model, limit), settings.margin, misses)
+        usable = None if limit is None else limit - overhead
+        size, reason = _next_size(good, bad, settings.max_size, _predict(model, usable), settings.margin, misses)
 
     if good == 0:
         raise OutOfMemory(
@@ -497,13 +506,14 @@ def find_batch_size(
     more memory than before: the failed trials' references are dropped and
     ``clear_cache`` runs.
 
-    Memory figures make it fast: each trial's peak (from ``unimem.stats`` after
-    ``reset_peak``, or from ``measure()``, called after each trial that fit, returning that
+    Memory figures make it fast: each trial's peak (``stats().peak_allocated`` after
+    ``reset_peak()``, or ``measure()``, called after each trial that fit and returning that
     trial's peak bytes), fitted linearly, predicts the size that reaches ``limit``
-    (default: the framework's cap from ``stats().limit``; for torch also no more than its
-    pool plus the device's free bytes). Where the figures are None (the CPU, a framework
-    that keeps none) and no ``measure=`` is given, the search doubles from ``start`` until
-    a failure and then bisects: it still finds the size, in more trials.
+    (default: the framework's cap from ``stats().limit``; for torch no more than its pool
+    plus the device's free bytes, less the pool's own overhead). Where the figures are None
+    (the CPU, a framework that keeps none) and no ``measure=`` is given, the search doubles
+    from ``start`` until a failure and then bisects: it still finds the size, in more
+    trials. ``limit=`` without any figure to hold against it is a ``ConfigError``.
 
     ``return_trials=True`` returns a ``BatchSizeSearch`` with every trial (size, fit or
     not, peak, seconds, why it was tried) instead of the int. Without ``step`` it is a
