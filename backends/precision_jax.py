@@ -127,26 +127,13 @@ class JaxLossScaler(LossScaler):
         return jnp.asarray(loss, dtype=jnp.float32) * self._scale
 
     def unscale(self, grads: Any) -> tuple[Any, Any]:
+        """Eagerly, one compiled call that reuses (donates) the buffers of ``grads``:
+        use the returned gradients, as torch's in-place unscale would leave them."""
         jax = sys.modules["jax"]
-        jnp = sys.modules["jax.numpy"]
-        inverse = 1.0 / self._scale
-
-        def one(grad: Any) -> Any:
-            if not jnp.issubdtype(grad.dtype, jnp.floating):
-                return grad  # float0 / integer "gradients" of non-differentiable inputs
-            return (grad * inverse).astype(grad.dtype)
-
-        unscaled = jax.tree_util.tree_map(one, grads)
-        checks = [
-            jnp.all(jnp.isfinite(g))
-            for g in jax.tree_util.tree_leaves(unscaled)
-            if jnp.issubdtype(g.dtype, jnp.floating)
-        ]
-        finite = jnp.all(jnp.stack(checks)) if checks else jnp.asarray(True)
-        try:
-            return unscaled, bool(finite)
-        except jax.errors.ConcretizationTypeError:  # inside jit: the traced boolean
-            return unscaled, finite
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(grads)):
+            return _unscale(grads, self._scale)  # inside jit: the traced boolean
+        unscaled, finite = _unscale_compiled()(grads, self._scale)
+        return unscaled, bool(finite)  # the one host sync per step
 
     def update(self, finite: Any) -> None:
         jnp = sys.modules["jax.numpy"]
@@ -158,6 +145,32 @@ class JaxLossScaler(LossScaler):
         kept_or_grown = jnp.where(grow & jnp.isfinite(grown), grown, self._scale)
         self._scale = jnp.where(finite, kept_or_grown, self._scale * jnp.float32(config.backoff_factor))
         self._good_steps = jnp.where(finite & ~grow, good_steps, 0).astype(jnp.int32)
+
+
+def _unscale(grads: Any, scale: Any) -> tuple[Any, Any]:
+    """``(grads / scale, all finite)`` in pure jax.numpy: traceable, jit-able."""
+    jax = sys.modules["jax"]
+    jnp = sys.modules["jax.numpy"]
+    inverse = 1.0 / scale
+
+    def floating(leaf: Any) -> bool:
+        return bool(jnp.issubdtype(leaf.dtype, jnp.floating))  # not float0/int "gradients"
+
+    unscaled = jax.tree_util.tree_map(lambda g: (g * inverse).astype(g.dtype) if floating(g) else g, grads)
+    checks = [jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(unscaled) if floating(g)]
+    return unscaled, (jnp.all(jnp.stack(checks)) if checks else jnp.asarray(True))
+
+
+_compiled: Any = None
+
+
+def _unscale_compiled() -> Any:
+    global _compiled
+    if _compiled is None:
+        # Donating the scaled gradients lets XLA write the result into their buffers:
+        # no second copy of every gradient at the peak.
+        _compiled = sys.modules["jax"].jit(_unscale, donate_argnums=0)
+    return _compiled
 
 
 _registered = False

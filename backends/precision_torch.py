@@ -106,13 +106,17 @@ def enable(precision: str, compute_dtype: str, device: str) -> Callable[[], None
     """Enter autocast on ``device`` (fp32: autocast explicitly off); return the way back.
 
     Exiting the very context object entered restores the previous autocast state
-    (enabled flag, dtype, cache) as ``with torch.autocast(...)`` would.
+    (enabled flag, dtype, cache setting) as ``with torch.autocast(...)`` would.
     """
     torch = _torch()
     if precision == "fp32":
         context = torch.autocast(device, enabled=False)
     else:
-        context = torch.autocast(device, dtype=dtype(compute_dtype))
+        # No weight-cast cache: autocast keeps the low-precision copy of each weight until
+        # its outermost context exits, so a policy left on across steps would compute
+        # with the weights of the first step forever (the cache only pays off when one
+        # forward uses a weight many times).
+        context = torch.autocast(device, dtype=dtype(compute_dtype), cache_enabled=False)
     context.__enter__()
 
     def restore() -> None:
