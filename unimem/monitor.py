@@ -245,6 +245,7 @@ class Monitor:
         except BaseException:
             self._stopped = time.time()
             raise
+        self._started = time.time()  # the timeline starts when the sampler is ready, not at its launch
         if self._reader is not None and self.framework_interval is not None:
             self._thread = threading.Thread(target=self._sample_framework, name="unimem-monitor", daemon=True)
             self._thread.start()

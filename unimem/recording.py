@@ -276,12 +276,18 @@ class Recording:
                 linewidth=1,
                 label=f"gaps ({len(gaps)} failed readings)",
             )
-        for mark in self.marks:
+        times = [s.time - start for s in self.samples] + [m.time - start for m in self.marks]
+        span = (max(times) - min(times)) if times else 0.0
+        previous, level = None, 0
+        for mark in sorted(self.marks, key=lambda m: m.time):
             x = mark.time - start
+            # Marks close together get their labels stepped down so they stay readable.
+            level = (level + 1) % 3 if previous is not None and x - previous < 0.03 * span else 0
+            previous = x
             ax.axvline(x, color="grey", linestyle=":", linewidth=1)
             ax.annotate(
                 mark.label,
-                xy=(x, 1.0),
+                xy=(x, 1.0 - 0.3 * level),
                 xycoords=("data", "axes fraction"),
                 xytext=(2, -2),
                 textcoords="offset points",
