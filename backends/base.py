@@ -90,8 +90,12 @@ class Backend(ABC):
 
     # --- queries ------------------------------------------------------------
     @abstractmethod
-    def stats(self, device: int = 0) -> MemoryStats:
-        """A snapshot; never starts the framework's device runtime."""
+    def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
+        """A snapshot; never starts the framework's device runtime.
+
+        ``nvml=False`` skips the NVML queries (device and process figures are then None):
+        the framework's own counters only, for hot loops.
+        """
 
     @abstractmethod
     def reset_peak(self, device: int = 0) -> None: ...
@@ -143,6 +147,44 @@ def env_step(
             os.environ[var] = new
 
     return Step(backend, setting, value, "env", target, run=run, status=STATUS_PENDING, note=note, when=when)
+
+
+_visible: dict[str, str | None] = {"original": None, "written": None}
+
+
+def visible_devices_value(devices: tuple[int, ...]) -> str:
+    """The CUDA_VISIBLE_DEVICES value that shows ``devices``.
+
+    Indices count among the devices this process can already see: under a scheduler's
+    ``CUDA_VISIBLE_DEVICES=3,5``, ``devices=[1]`` means physical GPU 5 (value ``"5"``).
+    The base is the value before unimem wrote it, so configuring twice gives the same
+    answer; a value the user set since then becomes the new base.
+    """
+    current = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if current is None or current != _visible["written"]:
+        _visible["original"] = current
+    original = _visible["original"]
+    if original is None:
+        value = ",".join(str(d) for d in devices)
+    else:
+        entries: list[str] = []
+        for part in original.split(","):
+            part = part.strip()
+            if not (part.isdigit() or part.startswith(("GPU-", "MIG-"))):
+                break  # CUDA stops reading at the first invalid entry
+            entries.append(part)
+        hidden = [d for d in devices if d >= len(entries)]
+        if hidden:
+            from unimem.errors import ConfigError
+
+            raise ConfigError(
+                "devices",
+                f"device {hidden[0]} is not visible: CUDA_VISIBLE_DEVICES={original!r} shows {len(entries)} "
+                "device(s), and indices count from 0 among those",
+            )
+        value = ",".join(entries[d] for d in devices)
+    _visible["written"] = value
+    return value
 
 
 def merge_conf(current: str | None, updates: dict[str, str | None]) -> str:

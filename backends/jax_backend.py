@@ -21,7 +21,7 @@ from unimem.stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
 from . import nvml_backend
-from .base import STATUS_SKIPPED, Backend, Step, env_step
+from .base import STATUS_SKIPPED, Backend, Step, env_step, visible_devices_value
 
 __all__ = ["JaxBackend"]
 
@@ -180,7 +180,7 @@ class JaxBackend(Backend):
                     "devices",
                     list(settings.devices),
                     "CUDA_VISIBLE_DEVICES",
-                    ",".join(map(str, settings.devices)),
+                    visible_devices_value(settings.devices),
                 )
             )
         if settings.fraction is not None or settings.limit is not None:
@@ -256,8 +256,8 @@ class JaxBackend(Backend):
         dev = self._device(device)
         return None if dev is None else dev.memory_stats()
 
-    def stats(self, device: int = 0) -> MemoryStats:
-        total, free, used = nvml_backend.device_figures(device)
+    def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
+        total, free, used = nvml_backend.device_figures(device) if nvml else (None, None, None)
         raw = self._raw_stats(device)
         if not raw:
             return MemoryStats("jax", device, device_total=total, device_free=free, process_used=used)

@@ -295,7 +295,7 @@ class NvmlBackend(Backend):
             raise UnsupportedFeature("nvml", setting, f"{_NO_CONFIG}; configure a framework backend")
         return []
 
-    def stats(self, device: int = 0) -> MemoryStats:
+    def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
         _load()  # an explicit NVML query on a machine without NVML is an error, not Nones
         total, free, used = device_figures(device)
         return MemoryStats("nvml", device, device_total=total, device_free=free, process_used=used)

@@ -17,7 +17,16 @@ from unimem.stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
 from . import nvml_backend
-from .base import STATUS_PENDING, STATUS_SKIPPED, STATUS_UNCHANGED, Backend, Step, env_step, when_imported
+from .base import (
+    STATUS_PENDING,
+    STATUS_SKIPPED,
+    STATUS_UNCHANGED,
+    Backend,
+    Step,
+    env_step,
+    visible_devices_value,
+    when_imported,
+)
 
 __all__ = ["TensorFlowBackend"]
 
@@ -165,7 +174,7 @@ class TensorFlowBackend(Backend):
                 "devices",
                 list(devices),
                 "CUDA_VISIBLE_DEVICES",
-                ",".join(map(str, devices)),
+                visible_devices_value(devices),
                 phase=phase,
                 when=When.BEFORE_IMPORT,
                 fix=_FIX,
@@ -277,7 +286,15 @@ class TensorFlowBackend(Backend):
 
     def _apply_cap(self, tf: Any, settings: Settings) -> None:
         gpus = list(tf.config.list_physical_devices("GPU"))
-        limits = self._memory_limits(settings, len(gpus))
+        if not gpus:
+            return  # nothing to cap: TensorFlow sees no GPU
+        try:
+            limits = self._memory_limits(settings, len(gpus))
+        except ConfigError as exc:
+            # Runs inside the user's `import tensorflow` (a hook set before import): a
+            # cap that cannot be computed is reported, not allowed to break the import.
+            warnings.warn(f"tensorflow: cap not applied: {exc}", UnimemWarning, stacklevel=2)
+            return
         for index, gpu in enumerate(gpus):
             tf.config.set_logical_device_configuration(
                 gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limits[index] // _MIB)]
@@ -313,8 +330,8 @@ class TensorFlowBackend(Backend):
         gpus = sys.modules["tensorflow"].config.list_logical_devices("GPU")
         return f"GPU:{device}" if device < len(gpus) else None
 
-    def stats(self, device: int = 0) -> MemoryStats:
-        total, free, used = nvml_backend.device_figures(device)
+    def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
+        total, free, used = nvml_backend.device_figures(device) if nvml else (None, None, None)
         name = self._gpu_name(device)
         if name is None:
             # On the CPU, get_memory_info('CPU:0') answers zeros meaning "not tracked".

@@ -29,6 +29,7 @@ from .base import (
     Step,
     env_step,
     merge_conf,
+    visible_devices_value,
     when_imported,
 )
 
@@ -190,7 +191,7 @@ class TorchBackend(Backend):
                     "devices",
                     list(settings.devices),
                     "CUDA_VISIBLE_DEVICES",
-                    ",".join(str(d) for d in settings.devices),
+                    visible_devices_value(settings.devices),
                     phase=phase,
                     when=When.BEFORE_INIT,
                     fix="set devices before the first CUDA call, or restart the process",
@@ -278,10 +279,24 @@ class TorchBackend(Backend):
             fixed = self._backend_fixed_at_import(allocator, var)
             if fixed is not None:
                 return [fixed]
-        current = os.environ.get(var) or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
-        new_conf = merge_conf(current, _CONF_ALLOCATOR[allocator]) or None
+        # A user's own variable wins where torch reads both names (the legacy one does in
+        # torch 2.13: tests/test_backend_torch.py), so unimem writes into whichever is set.
+        present = [name for name in (var, "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF") if name in os.environ]
+        targets = list(dict.fromkeys(present)) or [var]
         fix = "configure the allocator before the first CUDA call"
-        steps = [env_step("torch", "allocator", allocator, var, new_conf, phase=phase, when=When.BEFORE_INIT, fix=fix)]
+        steps = [
+            env_step(
+                "torch",
+                "allocator",
+                allocator,
+                name,
+                merge_conf(os.environ.get(name), _CONF_ALLOCATOR[allocator]) or None,
+                phase=phase,
+                when=When.BEFORE_INIT,
+                fix=fix,
+            )
+            for name in targets
+        ]
         uncached_value = "1" if allocator == "uncached" else None
         if os.environ.get(_UNCACHED_VAR) != uncached_value:
             steps.append(
@@ -479,17 +494,16 @@ class TorchBackend(Backend):
         return props
 
     # --- queries ------------------------------------------------------------------
-    def stats(self, device: int = 0) -> MemoryStats:
+    def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
         torch = sys.modules.get("torch")
         initialized = torch is not None and torch.cuda.is_initialized()
-        uuid = None
-        if initialized:
-            uuid = self._uuid(device)
-        total, free, used = nvml_backend.device_figures(device, uuid)
+        total = free = used = None
+        if nvml:
+            total, free, used = nvml_backend.device_figures(device, self._uuid(device) if initialized else None)
         if not initialized:
             return MemoryStats("torch", device, device_total=total, device_free=free, process_used=used)
         assert torch is not None
-        if total is None:
+        if nvml and total is None:  # no NVML here: the driver's figures through CUDA
             free, total = torch.cuda.mem_get_info(device)
         # The nested dict straight from C++: torch.cuda.memory_stats() flattens it
         # into 120 keys in Python, which is most of its cost.

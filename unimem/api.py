@@ -15,7 +15,7 @@ from .applied import Action, Applied
 from .config import ENV_VARS, Request, Settings, parse_env
 from .errors import BackendUnavailable, ConfigError, TooLateError, UnimemWarning, UnsupportedFeature
 from .stats import MemoryStats
-from .support import Support
+from .support import Phase, Support
 
 if TYPE_CHECKING:
     from unimem.backends.base import Step
@@ -201,7 +201,12 @@ def _safe_growth_default(
         return {}
     auto = isinstance(backend, str) and backend.strip().lower() == "auto"
     split = isinstance(fraction, dict) or isinstance(limit, dict)
-    sharing = list(registry.imported_frameworks())
+    # In use = named by the user (now or in an earlier configure) or device runtime
+    # started. Imported alone does not count: TF imports JAX for TF Lite and never runs it.
+    sharing = [n for n in _configured if n in registry.FRAMEWORKS]
+    for name in registry.imported_frameworks():
+        if name not in sharing and registry.get_backend(name).phase() is Phase.INITIALIZED:
+            sharing.append(name)
     if not auto or split:
         sharing += [n for n in names if n in registry.FRAMEWORKS and n not in sharing]
     if len(sharing) < 2:
@@ -238,10 +243,12 @@ def configure_from_env() -> Applied:
 def _resolve_query(backend: str | None) -> str:
     if backend is not None:
         return registry.canonical_name(backend)
-    candidates = list(_configured)
-    for name in registry.imported_frameworks():
-        if name not in candidates:
-            candidates.append(name)
+    # Most specific first: what the user configured; else what started its device
+    # runtime; else what is imported (TF imports JAX for TF Lite, so imported alone
+    # is weak evidence of use).
+    imported = registry.imported_frameworks()
+    started = [name for name in imported if registry.get_backend(name).phase() is Phase.INITIALIZED]
+    candidates = list(_configured) or started or imported
     if len(candidates) == 1:
         return candidates[0]
     if len(candidates) > 1:
@@ -262,12 +269,16 @@ def _check_device(device: object) -> int:
     return device
 
 
-def stats(backend: str | None = None, device: int = 0) -> MemoryStats:
+def stats(backend: str | None = None, device: int = 0, *, nvml: bool = True) -> MemoryStats:
     """Memory of ``device`` as ``backend`` and NVML see it; unknown figures are None.
 
     Never starts a framework's device runtime: before it started, its figures are None.
+    ``nvml=False`` reads the framework's own counters only (device and process figures
+    are then None): NVML's per-process query costs tens of µs, too much for a hot loop.
     """
     device = _check_device(device)
+    if not isinstance(nvml, bool):
+        raise ConfigError("nvml", f"expected True or False, got {nvml!r}")
     name = _resolve_query(backend)
     if backend is None and name == "nvml":
         # Nothing in use and NVML is the fallback: a machine without a driver gets a
@@ -276,7 +287,7 @@ def stats(backend: str | None = None, device: int = 0) -> MemoryStats:
 
         total, free, used = device_figures(device)
         return MemoryStats("nvml", device, device_total=total, device_free=free, process_used=used)
-    return registry.get_backend(name).stats(device)
+    return registry.get_backend(name).stats(device, nvml=nvml)
 
 
 def reset_peak(backend: str | None = None, device: int = 0) -> None:
