@@ -130,10 +130,16 @@ class JaxLossScaler(LossScaler):
         """Eagerly, one compiled call that reuses (donates) the buffers of ``grads``:
         use the returned gradients, as torch's in-place unscale would leave them."""
         jax = sys.modules["jax"]
-        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(grads)):
-            return _unscale(grads, self._scale)  # inside jit: the traced boolean
-        unscaled, finite = _unscale_compiled()(grads, self._scale)
-        return unscaled, bool(finite)  # the one host sync per step
+        tracer = getattr(getattr(jax, "core", None), "Tracer", None)
+        if tracer is not None and not any(isinstance(leaf, tracer) for leaf in jax.tree_util.tree_leaves(grads)):
+            unscaled, finite = _unscale_compiled()(grads, self._scale)
+            return unscaled, bool(finite)  # the one host sync per step
+        # Inside jit (or a JAX without jax.core.Tracer to tell): plain jax.numpy.
+        unscaled, finite = _unscale(grads, self._scale)
+        try:
+            return unscaled, bool(finite)
+        except jax.errors.ConcretizationTypeError:  # traced: the boolean stays a traced value
+            return unscaled, finite
 
     def update(self, finite: Any) -> None:
         jnp = sys.modules["jax.numpy"]

@@ -55,10 +55,10 @@ class TorchTrainer:
         layers: list[Any] = []
         size = features
         for _ in range(depth):
-            layers += [torch.nn.Linear(size, width), torch.nn.ReLU()]
+            layers += [torch.nn.Linear(size, width, device=self.device), torch.nn.ReLU()]
             size = width
-        layers.append(torch.nn.Linear(size, 1))
-        self.model = torch.nn.Sequential(*layers).to(self.device)  # parameters in policy.param_dtype
+        layers.append(torch.nn.Linear(size, 1, device=self.device))
+        self.model = torch.nn.Sequential(*layers)  # parameters in policy.param_dtype (float32)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
 
     def batch(self, x: np.ndarray, y: np.ndarray) -> tuple[Any, Any]:
