@@ -11,9 +11,11 @@ used), each with the same function names:
 - jax: no global state exists, so the policy casts pytrees (``cast_to_compute``,
   ``cast_to_param``, ``cast_to_output``).
 
-Parameters always stay float32 ("mixed" precision: the update is exact enough; the
-activations, the bulk of training memory, are half size). Loss scaling is on for
-fp16 only: bf16 has float32's exponent range and does not underflow.
+Parameters (and so gradients and optimizer state) always stay float32: that is the
+"mixed" in mixed precision, and it keeps small updates from rounding away. What gets
+smaller is the activations kept for the backward pass; how much that saves depends on
+their share of the step's memory (benchmarks/bench_precision.py measures it). Loss
+scaling is on for fp16 only: bf16 has float32's exponent range and does not underflow.
 """
 
 from __future__ import annotations
