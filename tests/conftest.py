@@ -173,6 +173,7 @@ def _unimem_state() -> dict[str, Any]:
         "configured": list(api._configured),
         "instances": dict(registry._instances),
         "post_import": {key: list(value) for key, value in base._post_import.items()},
+        "visible": dict(getattr(base, "_visible", {})),
         "meta_path": list(sys.meta_path),
         "nvml": (nvml_backend._pynvml, nvml_backend._init_error, dict(nvml_backend._handles), nvml_backend._use_v2),
         "pynvml_loaded": "pynvml" in sys.modules,
@@ -191,6 +192,9 @@ def _restore(state: dict[str, Any]) -> None:
     registry._instances.update(state["instances"])
     base._post_import.clear()
     base._post_import.update(state["post_import"])
+    if hasattr(base, "_visible"):
+        base._visible.clear()
+        base._visible.update(state["visible"])
     sys.meta_path[:] = state["meta_path"]
     nvml_backend._pynvml, nvml_backend._init_error, handles, nvml_backend._use_v2 = state["nvml"]
     nvml_backend._handles.clear()

@@ -344,13 +344,13 @@ def test_limit_above_the_device_after_init_is_a_config_error(fake_torch):
 
 
 def test_devices_after_init_are_too_late_unless_unchanged(fake_torch):
-    os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+    os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"
     fake_torch(initialized=True)
-    assert [a.status for a in unimem.configure(backend="torch", devices=[0])] == ["unchanged"]
+    assert [a.status for a in unimem.configure(backend="torch", devices=[0, 1])] == ["unchanged"]
     with pytest.raises(unimem.TooLateError) as info:
         unimem.configure(backend="torch", devices=[1])
     assert info.value.setting == "devices"
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
 
 
 def test_no_warning_for_pending_torch_settings():

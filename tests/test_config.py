@@ -43,6 +43,7 @@ def snapshot() -> dict[str, Any]:
         "modules": sorted(sys.modules),
         "meta_path": list(sys.meta_path),
         "post_import": {key: list(value) for key, value in base._post_import.items()},
+        "visible_devices": dict(getattr(base, "_visible", {})),
         "configured": list(api._configured),
         "adapters": {name: _adapter_state(a) for name, a in _adapters().items()},
         "nvml": (nvml_backend._pynvml, nvml_backend._init_error, dict(nvml_backend._handles)),
@@ -177,6 +178,37 @@ def test_a_combination_one_backend_refuses_touches_nothing_first(warm):
     imported NVML or changed anything by then."""
     refused("growth", backend=["torch", "jax", "tensorflow"], limit="1GiB", growth=True)
     refused("growth", limit="1GiB", growth=True)  # backend="auto": every installed framework
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow", "jax"])
+def test_devices_count_among_the_devices_already_visible(backend):
+    os.environ["CUDA_VISIBLE_DEVICES"] = "3,5"
+    applied = unimem.configure(backend=backend, devices=[1])
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
+    assert [a.target for a in applied] == ["CUDA_VISIBLE_DEVICES=5"]
+    # Configuring again counts from the same base, not from the value unimem wrote.
+    assert [a.status for a in unimem.configure(backend=backend, devices=[1])] == ["unchanged"]
+    unimem.configure(backend=backend, devices=[1, 0])
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,3"
+    error = refused("devices", backend=backend, devices=[2])
+    assert "3,5" in str(error)
+
+
+def test_devices_map_uuid_entries_and_stop_at_an_invalid_one():
+    os.environ["CUDA_VISIBLE_DEVICES"] = "GPU-aaaa,GPU-bbbb,junk,7"
+    unimem.configure(backend="jax", devices=[1])
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-bbbb"
+    refused("devices", backend="jax", devices=[2])
+
+
+def test_a_refused_call_does_not_move_the_devices_base(warm):
+    """torch plans devices before tensorflow refuses growth with a cap: nothing may stick."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = "3,5"
+    refused("growth", backend=["torch", "tensorflow"], devices=[1], fraction=0.5, growth=True)
+    # What it would cost: a launcher now narrows the process to GPU 5; device 0 is GPU 5.
+    os.environ["CUDA_VISIBLE_DEVICES"] = "5"
+    unimem.configure(backend="jax", devices=[0])
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
 
 
 def test_valid_split_and_alias():
