@@ -258,3 +258,19 @@ def test_nvml_stats_with_a_working_nvml(fake_nvml, monkeypatch):
 def test_a_vanished_device_gives_no_figures_not_an_error(fake_nvml):
     fake_nvml(_devices()[:1])
     assert nvml_backend.device_figures(3) == (None, None, None)
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow", "jax"])
+def test_stats_without_nvml_never_touch_nvml(backend, need, fake_nvml):
+    need(backend)
+    fake = fake_nvml()
+    snapshot = unimem.stats(backend, nvml=False)
+    assert (snapshot.device_total, snapshot.device_free, snapshot.process_used) == (None, None, None)
+    assert fake.by_index == [] and fake.memory_calls == []
+    assert nvml_backend._pynvml is None, "nvml=False initialised NVML"
+
+
+def test_stats_nvml_flag_must_be_a_bool():
+    with pytest.raises(unimem.ConfigError) as info:
+        unimem.stats("jax", nvml="no")
+    assert info.value.parameter == "nvml"
