@@ -357,6 +357,17 @@ def test_chains_are_followed_and_cycles_end() -> None:
     assert isinstance(find_oom(outer), MemoryError)
 
 
+def test_an_interrupt_is_never_an_oom_even_while_handling_one() -> None:
+    interrupt = KeyboardInterrupt()
+    interrupt.__context__ = MemoryError()
+    assert unimem.is_oom(interrupt) is False
+    with pytest.raises(KeyboardInterrupt), unimem.oom_guard():
+        try:
+            raise MemoryError
+        except MemoryError:
+            raise KeyboardInterrupt  # noqa: B904 -- the OOM stays its __context__ on purpose
+
+
 def test_framework_of_reads_the_class_module() -> None:
     assert framework_of(_stand_in("jax.errors", "JaxRuntimeError")("x")) == "jax"
     assert framework_of(_stand_in("tensorflow.python.framework.errors_impl", "ResourceExhaustedError")("x")) == (

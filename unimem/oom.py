@@ -20,7 +20,8 @@ What counts as out of memory:
   RPC error quoting a status) is not one either;
 - Python's ``MemoryError`` (and so ``unimem.OutOfMemory``);
 - any of these as the ``__cause__`` or ``__context__`` of another error (not past
-  ``raise ... from None``), or inside an ``ExceptionGroup``.
+  ``raise ... from None``), or inside an ``ExceptionGroup``; but never an interrupt or
+  exit (``KeyboardInterrupt``, ``SystemExit``), whatever it interrupted.
 
 cuDNN's ``CUDNN_STATUS_NOT_SUPPORTED``, which some batch-size finders treat as an OOM,
 is not one: it also means an unsupported configuration, and retrying smaller would
@@ -112,8 +113,13 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def find_oom(exc: object) -> BaseException | None:
-    """The out-of-memory error in ``exc``'s chain (``exc`` itself first), or None."""
-    if not isinstance(exc, BaseException):
+    """The out-of-memory error in ``exc``'s chain (``exc`` itself first), or None.
+
+    An interrupt or exit (``KeyboardInterrupt``, ``SystemExit``, ``GeneratorExit``) is
+    never an OOM, even when it came while an OOM was being handled: it must stop the
+    program, not be retried with a smaller batch.
+    """
+    if not isinstance(exc, Exception):
         return None
     for current in _chain(exc):
         if _is_oom_itself(current):

@@ -1,0 +1,276 @@
+"""Diagnosis on the GPU: real OOMs explained, torch's pool fragmentation measured, the batch
+size that fits found. Each scenario runs in a fresh interpreter (its code is below); the
+pytest process imports no framework.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+MiB = 1 << 20
+GiB = 1 << 30
+MARK = "UNIMEM_DIAGNOSIS_RESULT "
+_STEERING = ("UNIMEM_", "XLA_PYTHON_CLIENT_", "XLA_CLIENT_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+_PRELUDE = f"""
+import json, sys
+R = {{}}
+def emit():
+    print({MARK!r} + json.dumps(R, default=str), flush=True)
+"""
+
+# torch under a 2200 MiB cap: one 2 GiB segment split into 20 blocks of 100 MiB, every other
+# one freed (1048 MiB free in pieces of at most 100 MiB), then a 300 MiB request: no free
+# block is large enough and a new segment would pass the cap.
+TORCH_FRAGMENTED = """
+import unimem
+unimem.configure(backend="torch", limit="2200MiB")
+import torch
+MiB = 1 << 20
+big = torch.empty(2048 * MiB, dtype=torch.uint8, device="cuda")
+del big  # cached: one 2 GiB segment
+blocks = [torch.empty(100 * MiB, dtype=torch.uint8, device="cuda") for _ in range(20)]
+for i in range(0, 20, 2):
+    blocks[i] = None
+frag = unimem.fragmentation("torch")
+R["fragmentation_before"] = frag.as_dict()
+R["summary"] = unimem.summary("torch")
+allocated_before = torch.cuda.memory_allocated()
+def step():
+    extra = torch.empty(300 * MiB, dtype=torch.uint8, device="cuda")
+    return extra
+try:
+    with unimem.oom_guard(batch_size=64):
+        step()
+    R["oom"] = False
+except unimem.OutOfMemory as exc:
+    R["oom"] = True
+    R["cause"] = f"{type(exc.__cause__).__module__}.{type(exc.__cause__).__qualname__}"
+    R["is_oom"] = unimem.is_oom(exc.__cause__)
+    R["report"] = exc.report.as_dict()
+    R["text"] = str(exc.report)
+R["allocated_after_equals_before"] = torch.cuda.memory_allocated() == allocated_before
+emit()
+"""
+
+# JAX preallocates 75% of the device at its first op; torch in the same process then asks
+# for more than the rest of the device.
+TORCH_NEXT_TO_JAX = """
+import jax, jax.numpy as jnp
+jnp.ones(1).block_until_ready()
+import torch, unimem
+GiB = 1 << 30
+try:
+    with unimem.oom_guard():
+        torch.empty(60 * GiB, dtype=torch.uint8, device="cuda")
+    R["oom"] = False
+except unimem.OutOfMemory as exc:
+    R["oom"] = True
+    R["report"] = exc.report.as_dict()
+    R["text"] = str(exc.report)
+emit()
+"""
+
+JAX_OOM = """
+import unimem
+unimem.configure(backend="jax", fraction=0.05)
+import jax, jax.numpy as jnp
+keep = jnp.ones((1024, 1024)).block_until_ready()
+R["fragmentation"] = unimem.fragmentation("jax").as_dict()
+def step():
+    return jnp.zeros(16 << 30, dtype=jnp.uint8).block_until_ready()
+try:
+    with unimem.oom_guard(batch_size=32):
+        step()
+    R["oom"] = False
+except unimem.OutOfMemory as exc:
+    R["oom"] = True
+    R["cause"] = f"{type(exc.__cause__).__module__}.{type(exc.__cause__).__qualname__}"
+    R["is_oom"] = unimem.is_oom(exc.__cause__)
+    R["report"] = exc.report.as_dict()
+emit()
+"""
+
+# One training step of an MLP with Adam; the search under a cap, then the answer re-run.
+TORCH_SEARCH = """
+import gc, unimem
+unimem.configure(backend="torch", fraction=0.02)
+import torch
+model = torch.nn.Sequential(
+    torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+    torch.nn.Linear(2048, 1024),
+).cuda()
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+def step(n):
+    optimizer.zero_grad(set_to_none=True)
+    x = torch.randn(n, 1024, device="cuda")
+    loss = torch.nn.functional.mse_loss(model(x), x)
+    loss.backward()
+    optimizer.step()
+    torch.cuda.synchronize()
+step(1)
+gc.collect()
+reserved_before = torch.cuda.memory_reserved()
+process_before = unimem.stats("torch").process_used
+search = unimem.find_batch_size(step, start=32, return_trials=True)
+R["search"] = search.as_dict()
+R["reserved_before"], R["reserved_after"] = reserved_before, torch.cuda.memory_reserved()
+R["process_before"], R["process_after"] = process_before, unimem.stats("torch").process_used
+step(search.batch_size)  # the answer runs again
+R["reran"] = True
+emit()
+"""
+
+JAX_SEARCH = """
+import functools, unimem
+unimem.configure(backend="jax", fraction=0.02)
+import jax, jax.numpy as jnp
+sizes = [1024, 2048, 2048, 1024]
+keys = jax.random.split(jax.random.PRNGKey(0), len(sizes))
+params = [(jax.random.normal(k, (a, b)) / a**0.5, jnp.zeros(b)) for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
+def loss_fn(params, x):
+    h = x
+    for w, b in params[:-1]:
+        h = jax.nn.relu(h @ w + b)
+    w, b = params[-1]
+    return jnp.mean((h @ w + b - x) ** 2)
+@functools.partial(jax.jit, static_argnums=(1,))
+def train(params, n):
+    x = jax.random.normal(jax.random.PRNGKey(1), (n, 1024))
+    loss, grads = jax.value_and_grad(loss_fn)(params, x)
+    return jax.tree_util.tree_map(lambda p, g: p - 1e-4 * g, params, grads), loss
+state = {"params": params}
+def step(n):
+    new, loss = train(state["params"], n)
+    loss.block_until_ready()
+    state["params"] = new
+step(1)
+in_use_before = unimem.stats("jax").allocated
+search = unimem.find_batch_size(step, start=32, return_trials=True)
+R["search"] = search.as_dict()
+R["in_use_before"], R["in_use_after"] = in_use_before, unimem.stats("jax").allocated
+step(search.batch_size)
+R["reran"] = True
+emit()
+"""
+
+
+def _run(code: str, timeout: float = 240) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_STEERING) and k != "CUDA_VISIBLE_DEVICES"}
+    env["PYTHONUNBUFFERED"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(MARK):
+            result: dict[str, Any] = json.loads(line[len(MARK) :])
+            return result
+    raise AssertionError(f"scenario reported nothing (exit {done.returncode});\n{done.stderr[-3000:]}")
+
+
+@pytest.mark.covers("torch:oom", "torch:fragmentation")
+def test_torch_fragmented_pool_is_measured_and_explained(record: Any) -> None:
+    r = _run(TORCH_FRAGMENTED)
+    before = r["fragmentation_before"]
+    record(
+        share=before["share"],
+        free_in_pool=before["free_in_pool"],
+        largest_free_block=before["largest_free_block"],
+        free_blocks=before["free_blocks"],
+    )
+    assert before["largest_free_block"] == 100 * MiB
+    assert before["free_in_pool"] >= 1000 * MiB and before["free_blocks"] >= 10
+    assert before["share"] > 0.85
+    assert "fragmentation" in r["summary"] and "n/a" not in r["summary"].split("fragmentation")[1].splitlines()[0]
+    assert r["oom"] is True and r["is_oom"] is True
+    assert r["cause"] == "torch.OutOfMemoryError"
+    report = r["report"]
+    record(requested=report["requested_bytes"], suggestions=[s["kind"] for s in report["suggestions"]])
+    assert report["requested_bytes"] == 300 * MiB
+    assert report["place"] == "cuda:0"
+    assert report["fragmentation"]["share"] > 0.85
+    assert report["suggestions"][0]["kind"] == "allocator", r["text"]
+    assert 'allocator="expandable"' in report["suggestions"][0]["code"]
+    assert report["stats"]["limit"] is not None and abs(report["stats"]["limit"] - 2200 * MiB) <= MiB
+    assert r["allocated_after_equals_before"] is True  # the failed step held nothing afterwards
+
+
+@pytest.mark.covers("torch:oom", "jax:stats.reserved")
+def test_torch_oom_next_to_jax_preallocation_points_at_jax(record: Any) -> None:
+    r = _run(TORCH_NEXT_TO_JAX)
+    assert r["oom"] is True
+    report = r["report"]
+    pools = {pool["framework"]: pool for pool in report["other_pools"]}
+    record(jax_reserved=pools.get("jax", {}).get("reserved"), first=report["suggestions"][0]["kind"])
+    assert report["requested_bytes"] == 60 * GiB
+    assert pools["jax"]["reserved"] > 60 * GiB and pools["jax"]["idle"] > 60 * GiB
+    first = report["suggestions"][0]
+    assert first["kind"] == "free-other-pool", r["text"]
+    assert first["code"] == 'unimem.configure(backend="jax", growth=True)'
+
+
+@pytest.mark.covers("jax:oom", "jax:fragmentation")
+def test_jax_oom_is_explained_and_its_pool_figures_read(record: Any) -> None:
+    r = _run(JAX_OOM)
+    frag = r["fragmentation"]
+    record(largest_free_block=frag["largest_free_block"], free_in_pool=frag["free_in_pool"], share=frag["share"])
+    assert isinstance(frag["largest_free_block"], int) and isinstance(frag["free_in_pool"], int)
+    assert 0 < frag["largest_free_block"] <= frag["free_in_pool"]
+    assert r["oom"] is True and r["is_oom"] is True
+    assert r["cause"].endswith("JaxRuntimeError")
+    report = r["report"]
+    record(requested=report["requested_bytes"], suggestions=[s["kind"] for s in report["suggestions"]])
+    assert report["requested_bytes"] is not None and abs(report["requested_bytes"] - (16 << 30)) <= 16 << 20
+    assert report["suggestions"][0]["kind"] == "too-large"  # 16 GiB in a 7 GB pool
+    shapes = [item["shape"] for entry in report["live"] for item in entry["largest"]]
+    assert [1024, 1024] in shapes
+
+
+def _check_search(search: dict[str, Any], record: Any) -> None:
+    trials = search["trials"]
+    record(
+        batch_size=search["batch_size"],
+        trials=len(trials),
+        smallest_failure=search["smallest_failure"],
+        seconds=search["seconds"],
+        sizes=[t["batch_size"] for t in trials],
+    )
+    assert search["converged"] is True
+    assert search["smallest_failure"] is not None
+    # The answer is within the margin of the largest size that fits (below the smallest failure).
+    assert search["batch_size"] >= (1 - search["margin"]) * (search["smallest_failure"] - 1)
+    assert search["model"] is not None, "no memory model: the GPU figures were not read"
+    assert len(trials) <= 8
+
+
+@pytest.mark.covers("torch:batch_size")
+def test_torch_find_batch_size_under_a_cap(record: Any) -> None:
+    r = _run(TORCH_SEARCH)
+    _check_search(r["search"], record)
+    record(reserved_before=r["reserved_before"], reserved_after=r["reserved_after"])
+    assert r["reran"] is True
+    assert r["reserved_after"] <= r["reserved_before"]
+    if r["process_before"] is not None:
+        assert r["process_after"] <= r["process_before"] * 1.01
+
+
+@pytest.mark.covers("jax:batch_size")
+def test_jax_find_batch_size_under_a_cap(record: Any) -> None:
+    r = _run(JAX_SEARCH)
+    _check_search(r["search"], record)
+    record(in_use_before=r["in_use_before"], in_use_after=r["in_use_after"])
+    assert r["reran"] is True
+    assert r["in_use_after"] <= r["in_use_before"]
