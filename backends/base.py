@@ -79,6 +79,14 @@ class Backend(ABC):
         """How far the framework has got; must not import or start it."""
 
     # --- configuration ----------------------------------------------------
+    def check(self, settings: Settings) -> None:
+        """Refuse combinations this framework cannot take, from the settings alone.
+
+        Runs for every backend of a ``configure`` call before any ``plan()``, so a
+        refusal comes before anything (NVML included) is asked.
+        """
+        return None  # most frameworks take any combination the config model allows
+
     @abstractmethod
     def plan(self, settings: Settings) -> list[Step]:
         """Steps that apply ``settings``. Pure: reads state, changes nothing.
@@ -152,39 +160,58 @@ def env_step(
 _visible: dict[str, str | None] = {"original": None, "written": None}
 
 
+def _visible_base() -> str | None:
+    """The CUDA_VISIBLE_DEVICES value indices count in: the one before unimem wrote the
+    variable, unless the user has set it since (then theirs)."""
+    current = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if current is None or current != _visible["written"]:
+        return current
+    return _visible["original"]
+
+
 def visible_devices_value(devices: tuple[int, ...]) -> str:
-    """The CUDA_VISIBLE_DEVICES value that shows ``devices``.
+    """The CUDA_VISIBLE_DEVICES value that shows ``devices``. Pure: changes nothing.
 
     Indices count among the devices this process can already see: under a scheduler's
     ``CUDA_VISIBLE_DEVICES=3,5``, ``devices=[1]`` means physical GPU 5 (value ``"5"``).
     The base is the value before unimem wrote it, so configuring twice gives the same
     answer; a value the user set since then becomes the new base.
     """
-    current = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if current is None or current != _visible["written"]:
-        _visible["original"] = current
-    original = _visible["original"]
-    if original is None:
-        value = ",".join(str(d) for d in devices)
-    else:
-        entries: list[str] = []
-        for part in original.split(","):
-            part = part.strip()
-            if not (part.isdigit() or part.startswith(("GPU-", "MIG-"))):
-                break  # CUDA stops reading at the first invalid entry
-            entries.append(part)
-        hidden = [d for d in devices if d >= len(entries)]
-        if hidden:
-            from unimem.errors import ConfigError
+    base = _visible_base()
+    if base is None:
+        return ",".join(str(d) for d in devices)
+    entries: list[str] = []
+    for part in base.split(","):
+        part = part.strip()
+        if not (part.isdigit() or part.startswith(("GPU-", "MIG-"))):
+            break  # CUDA stops reading at the first invalid entry
+        entries.append(part)
+    hidden = [d for d in devices if d >= len(entries)]
+    if hidden:
+        from unimem.errors import ConfigError
 
-            raise ConfigError(
-                "devices",
-                f"device {hidden[0]} is not visible: CUDA_VISIBLE_DEVICES={original!r} shows {len(entries)} "
-                "device(s), and indices count from 0 among those",
-            )
-        value = ",".join(entries[d] for d in devices)
-    _visible["written"] = value
-    return value
+        raise ConfigError(
+            "devices",
+            f"device {hidden[0]} is not visible: CUDA_VISIBLE_DEVICES={base!r} shows {len(entries)} "
+            "device(s), and indices count from 0 among those",
+        )
+    return ",".join(entries[d] for d in devices)
+
+
+def devices_step(backend: str, devices: tuple[int, ...], *, phase: Phase, when: When, fix: str) -> Step:
+    """The env step for ``devices``; the base it counted from is remembered only when it runs."""
+    base = _visible_base()
+    value = visible_devices_value(devices)
+    step = env_step(backend, "devices", list(devices), "CUDA_VISIBLE_DEVICES", value, phase=phase, when=when, fix=fix)
+    inner = step.run
+    if inner is not None:
+
+        def run() -> None:
+            inner()
+            _visible["original"], _visible["written"] = base, value
+
+        step.run = run
+    return step
 
 
 def merge_conf(current: str | None, updates: dict[str, str | None]) -> str:

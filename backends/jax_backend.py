@@ -21,7 +21,7 @@ from unimem.stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
 from . import nvml_backend
-from .base import STATUS_SKIPPED, Backend, Step, env_step, visible_devices_value
+from .base import STATUS_SKIPPED, Backend, Step, devices_step, env_step
 
 __all__ = ["JaxBackend"]
 
@@ -175,14 +175,7 @@ class JaxBackend(Backend):
             return env_step("jax", setting, value, var, new, phase=phase, when=When.BEFORE_INIT, fix=_FIX, note=note)
 
         if settings.devices is not None:
-            steps.append(
-                env(
-                    "devices",
-                    list(settings.devices),
-                    "CUDA_VISIBLE_DEVICES",
-                    visible_devices_value(settings.devices),
-                )
-            )
+            steps.append(devices_step("jax", settings.devices, phase=phase, when=When.BEFORE_INIT, fix=_FIX))
         if settings.fraction is not None or settings.limit is not None:
             steps.extend(self._plan_cap(settings, env))
         if settings.growth is not None:

@@ -23,8 +23,8 @@ from .base import (
     STATUS_UNCHANGED,
     Backend,
     Step,
+    devices_step,
     env_step,
-    visible_devices_value,
     when_imported,
 )
 
@@ -128,7 +128,7 @@ class TensorFlowBackend(Backend):
         return list(sys.modules["tensorflow"].config.list_physical_devices("GPU"))
 
     # --- configuration -----------------------------------------------------
-    def plan(self, settings: Settings) -> list[Step]:
+    def check(self, settings: Settings) -> None:
         phase = self.phase()
         capped = settings.fraction is not None or settings.limit is not None
         if capped and settings.growth:
@@ -145,6 +145,11 @@ class TensorFlowBackend(Backend):
                     "memory growth is already on for a GPU, and TensorFlow ignores growth once a "
                     "memory_limit is set; restart without growth to use a cap",
                 )
+
+    def plan(self, settings: Settings) -> list[Step]:
+        self.check(settings)
+        phase = self.phase()
+        capped = settings.fraction is not None or settings.limit is not None
         steps: list[Step] = []
         if settings.devices is not None:
             steps.append(self._plan_devices(settings.devices, phase))
@@ -169,16 +174,7 @@ class TensorFlowBackend(Backend):
 
     def _plan_devices(self, devices: tuple[int, ...], phase: Phase) -> Step:
         if phase is Phase.NOT_IMPORTED:
-            return env_step(
-                "tensorflow",
-                "devices",
-                list(devices),
-                "CUDA_VISIBLE_DEVICES",
-                visible_devices_value(devices),
-                phase=phase,
-                when=When.BEFORE_IMPORT,
-                fix=_FIX,
-            )
+            return devices_step("tensorflow", devices, phase=phase, when=When.BEFORE_IMPORT, fix=_FIX)
         tf = sys.modules["tensorflow"]
         target = "tf.config.set_visible_devices(gpus, 'GPU')"
         gpus = self._gpus()

@@ -27,9 +27,9 @@ from .base import (
     STATUS_UNCHANGED,
     Backend,
     Step,
+    devices_step,
     env_step,
     merge_conf,
-    visible_devices_value,
     when_imported,
 )
 
@@ -186,12 +186,9 @@ class TorchBackend(Backend):
         steps: list[Step] = []
         if settings.devices is not None:
             steps.append(
-                env_step(
+                devices_step(
                     "torch",
-                    "devices",
-                    list(settings.devices),
-                    "CUDA_VISIBLE_DEVICES",
-                    visible_devices_value(settings.devices),
+                    settings.devices,
                     phase=phase,
                     when=When.BEFORE_INIT,
                     fix="set devices before the first CUDA call, or restart the process",

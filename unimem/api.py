@@ -102,17 +102,21 @@ def configure(
         settings = dict(request.settings)
         defaulted = _safe_growth_default(backend, request.backends, settings, growth, fraction, limit)
         plans: list[Step] = []
-        for name in request.backends:
-            try:
-                plans.extend(registry.get_backend(name).plan(settings[name]))
-            except ConfigError as exc:
-                if backend == "auto" and not registry.imported_frameworks():
-                    raise ConfigError(
-                        exc.parameter,
-                        f"{str(exc).partition(': ')[2]} (backend='auto' chose every installed framework "
-                        f"because none is imported yet: {', '.join(names)}; name the one you use)",
-                    ) from None
-                raise
+        for stage in ("check", "plan"):
+            for name in request.backends:
+                try:
+                    if stage == "check":
+                        registry.get_backend(name).check(settings[name])
+                    else:
+                        plans.extend(registry.get_backend(name).plan(settings[name]))
+                except ConfigError as exc:
+                    if backend == "auto" and not registry.imported_frameworks():
+                        raise ConfigError(
+                            exc.parameter,
+                            f"{str(exc).partition(': ')[2]} (backend='auto' chose every installed framework "
+                            f"because none is imported yet: {', '.join(names)}; name the one you use)",
+                        ) from None
+                    raise
 
         for step in plans:
             if step.backend in defaulted and step.setting == "growth":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 
 from .errors import ConfigError
 
@@ -57,7 +58,7 @@ def parse_size(value: object, parameter: str = "limit") -> int:
         if multiplier is None:
             known = "B, KB, KiB, MB, MiB, GB, GiB, TB, TiB"
             raise ConfigError(parameter, f"unknown unit {unit!r} in {value!r}; use one of {known}")
-        size = int(float(number) * multiplier)
+        size = int(Decimal(number) * multiplier)  # float would turn "4.1 GB" into 4099999999
     else:
         raise ConfigError(parameter, f"expected bytes (int) or a size string, got {type(value).__name__}")
     if size <= 0:
