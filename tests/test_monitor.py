@@ -25,7 +25,7 @@ import unimem
 from unimem.cli import main as cli_main
 from unimem.recording import BoundedSeries, Sample, load_recording
 
-monitor_module = __import__("unimem.monitor", fromlist=["counter_reader"])  # unimem.monitor is the function
+import unimem.monitoring as monitor_module
 
 FLAKY_PROBE = """
     calls = {"n": 0}

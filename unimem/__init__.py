@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+# The core is imported eagerly: it is small and every script uses it.
 from .api import (
     capabilities,
     clear_cache,
@@ -15,7 +18,6 @@ from .api import (
     summary,
 )
 from .applied import Action, Applied
-from .batch_size import BatchSizeSearch, Trial, find_batch_size
 from .errors import (
     BackendUnavailable,
     ConfigError,
@@ -25,20 +27,67 @@ from .errors import (
     UnimemWarning,
     UnsupportedFeature,
 )
-from .hook import MemoryHook
-from .loss_scaling import LossScaler
-from .monitor import Monitor, monitor
-from .oom import is_oom, oom_guard
-from .oom_report import OOMReport, Suggestion
-from .pool_fragmentation import Fragmentation, fragmentation
-from .precision import Policy, mixed_precision
-from .profile import Profile, profile
-from .recording import Mark, Recording, Sample, load_recording
 from .registry import available_backends
 from .sizes import format_bytes, parse_size
 from .stats import MemoryStats
 from .support import Level, Phase, Support, When
-from .track import Tracked, track
+
+# Everything else loads on first use (PEP 562), so `import unimem` stays a few
+# milliseconds: the monitor alone pulls in subprocess, tempfile and json.
+_LAZY: dict[str, str] = {
+    "BatchSizeSearch": "batch_size",
+    "Trial": "batch_size",
+    "find_batch_size": "batch_size",
+    "MemoryHook": "hook",
+    "LossScaler": "loss_scaling",
+    "Monitor": "monitoring",
+    "monitor": "monitoring",
+    "is_oom": "oom",
+    "oom_guard": "oom",
+    "OOMReport": "oom_report",
+    "Suggestion": "oom_report",
+    "Fragmentation": "pool_fragmentation",
+    "fragmentation": "pool_fragmentation",
+    "Policy": "precision",
+    "mixed_precision": "precision",
+    "Profile": "profiling",
+    "profile": "profiling",
+    "Mark": "recording",
+    "Recording": "recording",
+    "Sample": "recording",
+    "load_recording": "recording",
+    "Tracked": "tracking",
+    "track": "tracking",
+}
+
+if TYPE_CHECKING:
+    from .batch_size import BatchSizeSearch, Trial, find_batch_size
+    from .hook import MemoryHook
+    from .loss_scaling import LossScaler
+    from .monitoring import Monitor, monitor
+    from .oom import is_oom, oom_guard
+    from .oom_report import OOMReport, Suggestion
+    from .pool_fragmentation import Fragmentation, fragmentation
+    from .precision import Policy, mixed_precision
+    from .profiling import Profile, profile
+    from .recording import Mark, Recording, Sample, load_recording
+    from .tracking import Tracked, track
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'unimem' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module_name}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

@@ -179,7 +179,7 @@ def watch(
 ) -> None:
     """Live memory per GPU and per process (NVML); host memory where NVML is absent."""
     from .errors import ConfigError
-    from .monitor import _check_interval
+    from .monitoring import _check_interval
 
     try:
         interval = _check_interval(interval, "interval", 0.05)

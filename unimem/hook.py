@@ -23,7 +23,7 @@ from .api import _check_device
 from .errors import ConfigError
 from .monitor_sampler import host_rss_reader
 from .recording import SOURCE_STEP, BoundedSeries, Mark, Recording, Sample
-from .track import Tracked
+from .tracking import Tracked
 
 __all__ = ["MemoryHook"]
 

@@ -32,7 +32,7 @@ import keras
 
 from .errors import ConfigError
 from .hook import MemoryHook
-from .track import Tracked
+from .tracking import Tracked
 
 __all__ = ["MemoryCallback", "keras_backend"]
 

@@ -50,7 +50,7 @@ from .errors import BackendUnavailable, ConfigError, UnimemError
 from .recording import SOURCE_DEVICE, SOURCE_FRAMEWORK, BoundedSeries, Mark, Recording, Sample, merge_samples
 from .stats import MemoryStats
 from .support import Phase
-from .track import read_stats, resolve_backend
+from .tracking import read_stats, resolve_backend
 
 __all__ = ["MIN_FRAMEWORK_INTERVAL", "MIN_INTERVAL", "Monitor", "counter_reader", "monitor"]
 

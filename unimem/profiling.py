@@ -29,7 +29,7 @@ from typing import Any
 from . import registry
 from .errors import ConfigError, UnimemError, UnimemWarning, UnsupportedFeature
 from .support import Phase
-from .track import resolve_backend
+from .tracking import resolve_backend
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "Profile", "profile"]
 
