@@ -91,6 +91,7 @@ def build_cases() -> tuple[dict[str, Case], dict[str, str], dict[str, str], dict
         cases["torch.cuda.memory_stats()"] = torch.cuda.memory_stats
         cases["torch.cuda.memory_allocated()"] = torch.cuda.memory_allocated
         cases["unimem.stats('torch')"] = lambda: unimem.stats("torch")
+        cases["unimem.stats('torch', nvml=False)"] = lambda: unimem.stats("torch", nvml=False)
     else:
         unavailable["torch"] = "torch is not installed"
 
@@ -104,6 +105,7 @@ def build_cases() -> tuple[dict[str, Case], dict[str, str], dict[str, str], dict
         _KEEP.append(array)
         cases["jax Device.memory_stats()"] = device.memory_stats
         cases["unimem.stats('jax')"] = lambda: unimem.stats("jax")
+        cases["unimem.stats('jax', nvml=False)"] = lambda: unimem.stats("jax", nvml=False)
         live["jax"] = device.platform == "gpu"
         if not live["jax"]:
             notes["jax"] = f"JAX runs on {device.platform}: memory_stats() answers None; timed anyway"
@@ -152,6 +154,16 @@ def targets(us: dict[str, float], live: dict[str, bool]) -> dict[str, Any]:
         entry.update(met=None, why="no CUDA device here: not comparable")
     out["stats_torch"] = entry
 
+    # The same fields torch.cuda.memory_stats() gives (the allocator's own counters),
+    # without NVML's device and per-process queries.
+    ours, native = get("unimem.stats('torch', nvml=False)"), get("torch.cuda.memory_stats()")
+    entry = {"text": "unimem.stats('torch', nvml=False) <= 0.5 x torch.cuda.memory_stats()"}
+    if ours is not None and native and live["torch"]:
+        entry.update(ratio=round(ours / native, 3), met=ours <= 0.5 * native)
+    else:
+        entry.update(met=None, why="no CUDA device here: not comparable")
+    out["stats_torch_allocator_only"] = entry
+
     ours, native = get("unimem.stats('jax')"), get("jax Device.memory_stats()")
     entry = {"text": "unimem.stats('jax') within 3 us of Device.memory_stats()"}
     if ours is not None and native is not None and live["jax"]:
@@ -166,6 +178,14 @@ def targets(us: dict[str, float], live: dict[str, bool]) -> dict[str, Any]:
     else:
         entry.update(met=None, why="JAX has no GPU here: not comparable")
     out["stats_jax"] = entry
+
+    ours, native = get("unimem.stats('jax', nvml=False)"), get("jax Device.memory_stats()")
+    entry = {"text": "unimem.stats('jax', nvml=False) within 3 us of Device.memory_stats()"}
+    if ours is not None and native is not None and live["jax"]:
+        entry.update(difference_us=round(ours - native, 3), met=ours - native <= 3.0)
+    else:
+        entry.update(met=None, why="JAX has no GPU here: not comparable")
+    out["stats_jax_allocator_only"] = entry
 
     ours, raw = get("unimem.stats('nvml')"), get("pynvml memory_info(v2) + compute_running_processes")
     entry = {"text": "unimem.stats('nvml') <= 1.2 x raw pynvml memory info + process list"}
