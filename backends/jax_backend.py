@@ -244,6 +244,11 @@ class JaxBackend(Backend):
         return self._devices[device]
 
     def _raw_stats(self, device: int) -> dict[str, int] | None:
+        devices = self._devices
+        if devices is not None and device < len(devices):
+            # Hot path: the device list exists only once the backend started, so the
+            # phase check (a lock in jax) is skipped; stats() is polled in loops.
+            return devices[device].memory_stats()
         if self.phase() is not Phase.INITIALIZED:
             return None  # asking would start the backend (and preallocate 75% of the GPU)
         dev = self._device(device)

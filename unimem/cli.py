@@ -213,6 +213,11 @@ def compare(
 
         started = {"first": True}
 
+        def save_partial(partial: compare_module.Comparison) -> None:
+            if out is not None:
+                Path(out).mkdir(parents=True, exist_ok=True)
+                partial.to_json(Path(out) / "compare.json")
+
         def on_step(label: str) -> None:
             if not started["first"]:
                 bar.advance(task)
@@ -226,6 +231,7 @@ def compare(
             size=size,
             steps=steps,
             progress=on_step,
+            on_result=save_partial,
         )
     if out is not None:
         folder = Path(out)

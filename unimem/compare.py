@@ -143,6 +143,7 @@ def compare(
     steps: int = 5,
     timeout: float = 600.0,
     progress: Callable[[str], None] | None = None,
+    on_result: Callable[[Comparison], None] | None = None,
 ) -> Comparison:
     """Run every workload under every configuration in each framework; return the figures."""
     names = [registry.canonical_name(f, parameter="frameworks") for f in frameworks] if frameworks else None
@@ -162,14 +163,16 @@ def compare(
         raise ConfigError("size", f"unknown size {size!r}; choose from {', '.join(SIZES)}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError("steps", f"expected a whole number of steps, 1 or more, got {steps!r}")
-    results = []
+    comparison = Comparison([], _machine(size, steps))
     for framework in names:
         for workload in workloads:
             for config in configs:
                 if progress is not None:
                     progress(f"{framework} · {workload} · {config}")
-                results.append(_run_one(framework, workload, config, size, steps, timeout))
-    return Comparison(results, _machine(size, steps))
+                comparison.results.append(_run_one(framework, workload, config, size, steps, timeout))
+                if on_result is not None:
+                    on_result(comparison)  # e.g. save as it goes: a long run stopped early keeps its rows
+    return comparison
 
 
 def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
