@@ -269,6 +269,67 @@ def test_with_figures_and_a_small_start_it_needs_at_most_six_trials(
     assert len(search.trials) <= 6, str(search)
 
 
+class FixedPlusPerSample:
+    """A training step's need as a GPU shows it: ``held`` bytes in use before the search
+    (parameters, optimizer state), then a peak of ``held + max(floor, fixed + per_sample × n)``
+    (an optimizer step's temporaries can top a small batch's activations)."""
+
+    def __init__(self, held: int, fixed: int, per_sample: int, floor: int, cap: int) -> None:
+        self.held, self.fixed, self.per_sample, self.floor, self.cap = held, fixed, per_sample, floor, cap
+        self.peak: int | None = None
+
+    def need(self, n: int) -> int:
+        return self.held + max(self.floor, self.fixed + self.per_sample * n)
+
+    def __call__(self, n: int) -> None:
+        if self.need(n) > self.cap:
+            raise MemoryError
+        self.peak = self.need(n)
+
+    def measure(self) -> int | None:
+        peak, self.peak = self.peak, None
+        return peak
+
+
+def test_with_a_baseline_one_trial_gives_a_size_that_surely_fits() -> None:
+    # The benchmark's MLP in numbers: 940 MiB held, Adam's 235 MiB of temporaries on top of a
+    # small batch's activations, 100 KiB per sample, a 3 GiB cap: the largest size is ~20k.
+    step = FixedPlusPerSample(940 << 20, 8 << 20, 100 << 10, 235 << 20, 3 << 30)
+    true_max = max(n for n in range(1, 40_000) if step.need(n) <= step.cap)
+    search = unimem.find_batch_size(
+        step, start=32, measure=step.measure, limit=step.cap, baseline=step.held, return_trials=True
+    )
+    assert 0.95 * true_max <= search.batch_size <= true_max
+    assert len(search.trials) <= 6, str(search)
+    jumps = [t for t in search.trials if t.reason == "safe-jump"]
+    assert jumps and all(t.fits for t in jumps), str(search)
+    # Without the baseline the plateau hides the slope: the same answer takes more trials.
+    step.peak = None
+    blind = unimem.find_batch_size(step, start=32, measure=step.measure, limit=step.cap, return_trials=True)
+    assert 0.95 * true_max <= blind.batch_size <= true_max
+    assert len(blind.trials) > len(search.trials)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    held=st.integers(1 << 28, 1 << 34),
+    fixed=st.integers(0, 1 << 31),
+    per_sample=st.integers(1 << 12, 1 << 26),
+    floor=st.integers(0, 1 << 32),
+    true_max=st.integers(64, 100_000),
+    start=st.sampled_from([1, 8, 32]),
+)
+def test_a_safe_jump_never_fails(held: int, fixed: int, per_sample: int, floor: int, true_max: int, start: int) -> None:
+    cap = held + max(floor, fixed + per_sample * true_max)
+    step = FixedPlusPerSample(held, fixed, per_sample, floor, cap)
+    search = unimem.find_batch_size(
+        step, start=start, measure=step.measure, limit=cap, baseline=held, max_trials=64, return_trials=True
+    )
+    largest = (cap - held - fixed) // per_sample  # the floor may set the cap: then more than true_max fits
+    assert 0.95 * largest <= search.batch_size <= largest
+    assert all(t.fits for t in search.trials if t.reason == "safe-jump"), str(search)
+
+
 def test_a_start_that_does_not_fit_is_halved() -> None:
     step = Need(0, 1000, 1000 * 100)
     search = unimem.find_batch_size(step, start=1000, return_trials=True)
@@ -358,6 +419,8 @@ def test_decorator_passes_the_arguments_through() -> None:
         ({"measure": 5}, "measure"),
         ({"limit": "lots"}, "limit"),
         ({"limit": -1}, "limit"),
+        ({"baseline": -1}, "baseline"),
+        ({"baseline": "some"}, "baseline"),
         ({"max_trials": 0}, "max_trials"),
         ({"return_trials": "yes"}, "return_trials"),
         ({"backend": "numpy"}, "backend"),

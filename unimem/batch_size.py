@@ -2,17 +2,23 @@
 
 How the search goes (every size tried is a real call of ``step``):
 
-1. Run ``start``, then ``2 × start``, reading each trial's peak memory. (If ``start``
-   does not fit, halve until one does.)
-2. Fit ``bytes = a + b × batch`` to the trials that fit (Theil–Sen: the median of the
-   pairwise slopes, so one noisy reading does not tip it) and predict the largest
-   batch under the limit. Try a little below the prediction (``margin / 2``).
-3. Close the bracket from above: try the smallest size whose failure would prove the
-   answer is within ``margin`` of the largest that fits. A failure below a prediction
-   means the model is optimistic: back off just under the failure once, then bisect.
+1. Run ``start`` and read its peak memory. (If it does not fit, halve until one does.)
+2. With the bytes in use before the search (the baseline: parameters, optimizer state),
+   one peak already bounds the answer from below: if what a trial adds above the
+   baseline is fixed costs plus a per-sample part, ``n × (limit - baseline) / (peak -
+   baseline)`` surely fits. Jump a little below it when no better estimate exists (a
+   "safe jump"). A step that frees part of the baseline first (gradients set to None)
+   can make the bound optimistic; the failure then brackets the answer like any other.
+3. Fit ``bytes = a + b × batch`` to the trials that fit (Theil–Sen: the median of the
+   pairwise slopes, so one noisy reading does not tip it; sizes whose peak is a plateau
+   of fixed costs are left out) and predict the largest batch under the limit. Try a
+   little below the prediction (``margin / 2``), never below the safe size.
+4. Close the bracket from above: try the smallest size whose failure would prove the
+   answer is within ``margin`` of the largest that fits. A failure below an estimate
+   means it was optimistic: back off just under the failure once, then bisect.
    Without memory figures (no ``measure=`` and the framework keeps none, as on the
-   CPU) steps 1–2 become doubling until the first failure.
-4. Stop once the largest size that fit is at least ``(1 - margin)`` × the largest
+   CPU) steps 2–3 become doubling until the first failure.
+5. Stop once the largest size that fit is at least ``(1 - margin)`` × the largest
    size that may fit (one below the smallest failure, or ``max_size``).
 
 Memory: an out-of-memory error's traceback holds the failed step's frames, and their
@@ -81,6 +87,7 @@ class BatchSizeSearch:
     model: tuple[float, float] | None
     measured_by: str
     seconds: float
+    baseline: int | None = None
     before: MemoryStats | None = None
     after: MemoryStats | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -98,6 +105,7 @@ class BatchSizeSearch:
             "limit": self.limit,
             "model": None if self.model is None else {"a": self.model[0], "b": self.model[1]},
             "measured_by": self.measured_by,
+            "baseline": self.baseline,
             "seconds": self.seconds,
             "before": None if self.before is None else self.before.as_dict(),
             "after": None if self.after is None else self.after.as_dict(),
@@ -114,7 +122,10 @@ class BatchSizeSearch:
             a, b = self.model
             lines.append(f"  memory ≈ {format_bytes(int(a))} + {format_bytes(int(b))} × batch ({self.measured_by})")
         if self.limit is not None:
-            lines.append(f"  limit {format_bytes(self.limit)}")
+            lines.append(
+                f"  limit {format_bytes(self.limit)}"
+                + (f", in use before {format_bytes(self.baseline)}" if self.baseline is not None else "")
+            )
         for t in self.trials:
             peak = f", peak {format_bytes(t.peak)}" if t.peak is not None else ""
             lines.append(
@@ -133,6 +144,7 @@ class _Settings:
     margin: float
     measure: Callable[[], int | None] | None
     limit: int | None
+    baseline: int | None
     max_trials: int
     return_trials: bool
 
@@ -145,6 +157,7 @@ def _check(
     margin: object,
     measure: object,
     limit: object,
+    baseline: object,
     max_trials: object,
     return_trials: object,
 ) -> _Settings:
@@ -171,6 +184,9 @@ def _check(
             "measure", f"expected None or a callable returning the last trial's peak bytes, got {measure!r}"
         )
     size = None if limit is None else parse_size(limit, "limit")
+    base: int | None = None
+    if baseline is not None:
+        base = 0 if baseline == 0 and not isinstance(baseline, bool) else parse_size(baseline, "baseline")
     if not whole(max_trials) or max_trials < 1:  # type: ignore[operator]
         raise ConfigError("max_trials", f"expected an int of 1 or more, got {max_trials!r}")
     if not isinstance(return_trials, bool):
@@ -178,7 +194,9 @@ def _check(
     assert isinstance(device, int) and isinstance(max_trials, int)
     assert max_size is None or isinstance(max_size, int)
     checked_measure: Callable[[], int | None] | None = measure
-    return _Settings(start, name, device, max_size, float(margin), checked_measure, size, max_trials, return_trials)
+    return _Settings(
+        start, name, device, max_size, float(margin), checked_measure, size, base, max_trials, return_trials
+    )
 
 
 # --- the fit ---------------------------------------------------------------------------------
@@ -190,12 +208,31 @@ def _median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def fit_linear(points: list[tuple[int, int]], *, largest: int = 5) -> tuple[float, float] | None:
+def fit_linear(
+    points: list[tuple[int, int]], *, largest: int = 5, baseline: int | None = None
+) -> tuple[float, float] | None:
     """``(a, b)`` of ``bytes = a + b × batch`` by Theil–Sen over the ``largest`` biggest
-    sizes (small batches are dominated by allocator granularity, and the fit is used to
-    extrapolate upwards), or None when memory does not grow with the batch there or
-    fewer than two sizes are known. Among five sizes, one wild reading moves it little."""
+    sizes (small batches are dominated by allocator granularity and by fixed costs, and
+    the fit is used to extrapolate upwards), or None when memory does not grow with the
+    batch there or fewer than two sizes are known. Among five sizes, one wild reading
+    moves it little. A run of equal peaks at the small end (a plateau) is left out.
+
+    With ``baseline`` (bytes in use before the search), sizes whose use above it is under
+    a quarter of the largest's are left out: their peak is set by something that does
+    not grow with the batch (an optimizer step's temporaries can top a small batch's
+    activations), and a slope through such a plateau would predict far too much."""
     chosen = sorted(points)[-largest:]
+    # A run of equal peaks at the small end is a plateau of fixed costs: none of its
+    # sizes lies on the line (a slope from its last one to the next would be too flat).
+    plateau = False
+    while len(chosen) >= 2 and chosen[1][1] <= chosen[0][1]:
+        chosen.pop(0)
+        plateau = True
+    if plateau:
+        chosen.pop(0)
+    if baseline is not None and chosen:
+        top = max(m for _, m in chosen) - baseline
+        chosen = [(n, m) for n, m in chosen if m - baseline >= top / 4]
     slopes = [(m2 - m1) / (n2 - n1) for (n1, m1), (n2, m2) in itertools.combinations(chosen, 2) if n2 != n1]
     if not slopes:
         return None
@@ -213,24 +250,61 @@ def _predict(model: tuple[float, float] | None, limit: int | None) -> int | None
     return max(0, math.floor((limit - a) / b))
 
 
+def _safe_size(points: list[tuple[int, int]], baseline: int | None, limit: int | None) -> int | None:
+    """The largest size that surely fits if the use above ``baseline`` grows at most in
+    proportion to the batch (true when it is fixed costs plus a per-sample part): from the
+    largest measured size n with peak p, ``n × (limit - baseline) / (p - baseline)``."""
+    if baseline is None or limit is None or not points:
+        return None
+    n, peak = max(points)
+    if peak <= baseline or limit <= baseline:
+        return None
+    return math.floor(n * (limit - baseline) / (peak - baseline))
+
+
 def _next_size(
-    good: int, bad: int | None, upper: int | None, predicted: int | None, margin: float, misses: int
+    good: int,
+    bad: int | None,
+    upper: int | None,
+    predicted: int | None,
+    margin: float,
+    misses: int,
+    safe: int | None = None,
+    flat: bool = False,
 ) -> tuple[int, str]:
-    """The next size to try, and why. ``good`` >= 1 is the largest that fit."""
+    """The next size to try, and why. ``good`` >= 1 is the largest that fit; ``predicted``
+    is the linear fit's answer, ``safe`` the proportional lower bound (both may be None);
+    ``flat``: the two largest sizes measured peaked the same (a plateau of fixed costs)."""
     bounds = [x for x in (None if bad is None else bad - 1, upper) if x is not None]
     high = min(bounds) if bounds else None
-    if predicted is not None and high is not None and predicted > high and bad is not None:
-        # A failure below the prediction: the model is optimistic. Once, try just under
-        # the failure (a small miss); after that, bisect.
+    aim: int | None = None
+    reason = ""
+    if predicted is not None:
+        aim, reason = math.floor(predicted * (1 - margin / 2)), "predict"
+        if safe is not None:
+            aim = max(aim, math.floor(safe * (1 - margin / 2)))
+    elif safe is not None:
+        # No fit yet: take the sure step (it grows by the headroom's ratio, and each step
+        # measures a size where the per-sample part weighs more) -- or double, while
+        # nothing has failed, when a plateau of fixed costs makes the sure step small.
+        # Aimed a little below, like a prediction: a step that frees part of the baseline
+        # (gradients set to None) makes the bound slightly optimistic.
+        aim, reason = math.floor(safe * (1 - margin / 2)), "safe-jump"
+        if flat and bad is None and aim < 2 * good:
+            aim, reason = 2 * good, "grow"
+    estimate = max(x for x in (predicted, safe, aim) if x is not None) if aim is not None else None
+    if aim is not None and high is not None and bad is not None and aim > high:
+        # A failure below the estimate: it is optimistic. Once, try just under the
+        # failure (a small miss); after that, bisect.
         if misses <= 1:
             size, reason = math.floor(high * (1 - margin / 2)), "back-off"
         else:
             size, reason = (good + bad) // 2, "bisect"
-    elif predicted is not None:
-        if bad is None and upper is not None and predicted >= upper:
+    elif aim is not None and estimate is not None:
+        if bad is None and upper is not None and estimate >= upper:
             size, reason = upper, "upper-bound"
         else:
-            size, reason = math.floor(predicted * (1 - margin / 2)), "predict"
+            size = aim
             close = math.floor(good / (1 - margin)) + 1
             if size < close:
                 # Near the edge: the smallest size whose failure ends the search beats a
@@ -329,6 +403,11 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
     else:
         measured_by = "nothing (no framework in use, no measure=)"
     overhead = 0  # torch: the pool's bytes beyond those in use, at the largest trial that fit
+    # Bytes in use before the search, which every trial's peak includes: it turns one
+    # measured trial into a size that surely fits (see _safe_size).
+    baseline = settings.baseline
+    if baseline is None and settings.measure is None and before is not None:
+        baseline = before.allocated
 
     trials: list[Trial] = []
     points: list[tuple[int, int]] = []
@@ -376,7 +455,7 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             misses = 0
         else:
             bad = size if bad is None else min(bad, size)
-            if reason in ("predict", "back-off", "upper-bound"):
+            if reason in ("predict", "safe-jump", "back-off", "upper-bound"):
                 misses += 1
 
         if good == 0 and bad == 1:
@@ -386,7 +465,7 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
 
             report = build_report(oom, backend=backend, device=device, batch_size=1)
             raise OutOfMemory(f"even batch size 1 does not fit.\n{report}", report) from last_oom
-        model = fit_linear(points)
+        model = fit_linear(points, baseline=baseline)
         bounds = [x for x in (None if bad is None else bad - 1, settings.max_size) if x is not None]
         high = min(bounds) if bounds else None
         if good and high is not None and good >= (1 - settings.margin) * high:
@@ -400,7 +479,16 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             size, reason = max(1, bad // 2), "halve"
             continue
         usable = None if limit is None else limit - overhead
-        size, reason = _next_size(good, bad, settings.max_size, _predict(model, usable), settings.margin, misses)
+        size, reason = _next_size(
+            good,
+            bad,
+            settings.max_size,
+            _predict(model, usable),
+            settings.margin,
+            misses,
+            _safe_size(points, baseline, usable),
+            flat=len(points) >= 2 and sorted(points)[-1][1] <= sorted(points)[-2][1],
+        )
 
     if good == 0:
         raise OutOfMemory(
@@ -427,6 +515,7 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
         margin=settings.margin,
         limit=limit,
         model=model,
+        baseline=baseline,
         measured_by=measured_by,
         seconds=time.perf_counter() - began,
         before=before,
@@ -446,6 +535,7 @@ def find_batch_size(
     margin: float = ...,
     measure: Callable[[], int | None] | None = ...,
     limit: int | str | None = ...,
+    baseline: int | str | None = ...,
     max_trials: int = ...,
     return_trials: Literal[False] = ...,
 ) -> int: ...
@@ -462,6 +552,7 @@ def find_batch_size(
     margin: float = ...,
     measure: Callable[[], int | None] | None = ...,
     limit: int | str | None = ...,
+    baseline: int | str | None = ...,
     max_trials: int = ...,
     return_trials: Literal[True],
 ) -> BatchSizeSearch: ...
@@ -478,6 +569,7 @@ def find_batch_size(
     margin: float = ...,
     measure: Callable[[], int | None] | None = ...,
     limit: int | str | None = ...,
+    baseline: int | str | None = ...,
     max_trials: int = ...,
     return_trials: bool = ...,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
@@ -493,6 +585,7 @@ def find_batch_size(
     margin: float = 0.05,
     measure: Callable[[], int | None] | None = None,
     limit: int | str | None = None,
+    baseline: int | str | None = None,
     max_trials: int = 20,
     return_trials: bool = False,
 ) -> int | BatchSizeSearch | Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -510,10 +603,13 @@ def find_batch_size(
     ``reset_peak()``, or ``measure()``, called after each trial that fit and returning that
     trial's peak bytes), fitted linearly, predicts the size that reaches ``limit``
     (default: the framework's cap from ``stats().limit``; for torch no more than its pool
-    plus the device's free bytes, less the pool's own overhead). Where the figures are None
-    (the CPU, a framework that keeps none) and no ``measure=`` is given, the search doubles
-    from ``start`` until a failure and then bisects: it still finds the size, in more
-    trials. ``limit=`` without any figure to hold against it is a ``ConfigError``.
+    plus the device's free bytes, less the pool's own overhead). ``baseline`` is the bytes
+    in use before the search that every peak includes (default: ``stats().allocated``
+    before the search; None with ``measure=`` unless given): with it, one trial already
+    gives a size that surely fits. Where the figures are None (the CPU, a framework that
+    keeps none) and no ``measure=`` is given, the search doubles from ``start`` until a
+    failure and then bisects: it still finds the size, in more trials. ``limit=`` without
+    any figure to hold against it is a ``ConfigError``.
 
     ``return_trials=True`` returns a ``BatchSizeSearch`` with every trial (size, fit or
     not, peak, seconds, why it was tried) instead of the int. Without ``step`` it is a
@@ -521,7 +617,7 @@ def find_batch_size(
     function of ``*args`` that runs the search and returns its answer (also kept as
     ``.last_search``). Bad arguments raise ``ConfigError`` before any trial runs.
     """
-    settings = _check(start, backend, device, max_size, margin, measure, limit, max_trials, return_trials)
+    settings = _check(start, backend, device, max_size, margin, measure, limit, baseline, max_trials, return_trials)
     if step is None:
         return _decorator(settings)
     if not callable(step):
