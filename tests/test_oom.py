@@ -296,6 +296,11 @@ TF_GPU = (
         (JAX_GPU, 17179869184),
         (XLA_BFC, 2147483648),
         ("RESOURCE_EXHAUSTED: Out of memory allocating 1024 bytes.", 1024),
+        # jaxlib 0.11.2 on an H200 (benchmarks/results/sharing-gpu.json): a rounded size
+        (
+            "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB with allocator GPU_0_bfc on device 0.",
+            GiB,
+        ),
         (TF_GPU, 64 * 1024 * 1024 * 4),
         (TF_GPU.replace("type float", "type half"), 64 * 1024 * 1024 * 2),
         (TF_GPU.replace("shape[64,1024,1024]", "shape[]"), 4),  # a scalar

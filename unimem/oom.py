@@ -171,6 +171,9 @@ _TORCH_UNITS = {
 _TORCH_TRIED = re.compile(r"Tried to allocate ([0-9.]+) ?(bytes|[KMGTP]i?B|B)\b")
 _TORCH_CPU = re.compile(r"you tried to allocate (\d+) bytes")
 _XLA_BYTES = re.compile(r"(?:trying to allocate|allocating) (\d+) bytes|\((\d+)B\)|rounded to (\d+)\)")
+# XLA on a GPU prints a rounded size: "Out of memory while trying to allocate 1.00GiB"
+# (jaxlib 0.11.2 on an H200, benchmarks/results/sharing-gpu.json).
+_XLA_SIZE = re.compile(r"trying to allocate ([0-9.]+) ?([KMGTP]i?B)\b")
 _TF_SHAPE = re.compile(r"OOM when allocating tensor with shape\[([0-9,\s]*)\] and type (\w+)")
 # Bytes per element of the dtype names TF prints (DataTypeString); 4-bit types round up.
 _TF_DTYPE_BYTES: dict[str, float] = {
@@ -226,6 +229,8 @@ def requested_bytes(message: str) -> tuple[int, str] | None:
     if match := _XLA_BYTES.search(message):
         number = next(group for group in match.groups() if group is not None)
         return int(number), match.group(0)
+    if match := _XLA_SIZE.search(message):  # rounded by XLA to two decimals
+        return int(float(match.group(1)) * _TORCH_UNITS[match.group(2)]), match.group(0)
     return None
 
 
