@@ -22,10 +22,9 @@ from click.testing import CliRunner
 from PIL import Image
 
 import unimem
+import unimem.monitoring as monitor_module
 from unimem.cli import main as cli_main
 from unimem.recording import BoundedSeries, Sample, load_recording
-
-import unimem.monitoring as monitor_module
 
 FLAKY_PROBE = """
     calls = {"n": 0}
