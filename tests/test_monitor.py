@@ -292,3 +292,32 @@ def test_monitor_imports_no_framework(py: Any) -> None:
         """
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_interleaved_streams_each_draw_a_line(tmp_path: Path) -> None:
+    """Framework counters and NVML samples interleave; each figure's line must still be
+    drawn from its own stream (on the H200 the allocated line vanished: every point was
+    isolated between the other stream's Nones)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from unimem.recording import SOURCE_DEVICE, SOURCE_FRAMEWORK, Recording, Sample
+
+    samples = []
+    for i in range(20):
+        samples.append(Sample(time=100.0 + i, source=SOURCE_FRAMEWORK, allocated=(1 + i) << 20, reserved=64 << 20))
+        samples.append(Sample(time=100.5 + i, source=SOURCE_DEVICE, process_used=(100 + i) << 20))
+    samples.append(Sample(time=121.0, source=SOURCE_DEVICE, error="NVML: GPU is lost"))
+    recording = Recording(samples=samples, meta={"started": 100.0})
+    fig, ax = plt.subplots()
+    for name in ("allocated", "reserved", "process_used"):
+        assert recording._draw(ax, name, None, name, "-", 100.0, 1 << 20) == 1
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    # 20 connected readings per framework line; the device line has its 20 plus the gap.
+    assert len(lines["allocated"].get_xdata()) == 20
+    assert not any(math.isnan(y) for y in lines["allocated"].get_ydata())
+    process = list(lines["process_used"].get_ydata())
+    assert len(process) == 21 and math.isnan(process[-1]) and not any(math.isnan(y) for y in process[:-1])
+    plt.close(fig)

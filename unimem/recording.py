@@ -311,12 +311,18 @@ class Recording:
         return target
 
     def _draw(self, ax: Any, name: str, source: str | None, label: str, style: str, start: float, scale: int) -> int:
-        times, values = self.series(name, source)
-        if not any(v is not None for v in values):
+        rows = [s for s in self.samples if source is None or s.source == source]
+        # Each figure comes from one stream (the framework's counters or the NVML sampler);
+        # the other stream's samples leave it None. Interleaved, those Nones would break the
+        # line at every point (on the H200 the allocated line vanished), so only the streams
+        # that carry the figure are drawn, and only their failed readings break the line.
+        carriers = {s.source for s in rows if getattr(s, name) is not None}
+        points = [s for s in rows if s.source in carriers and (getattr(s, name) is not None or s.error)]
+        if not points:
             return 0
-        # None becomes NaN: matplotlib breaks the line there, which is what a gap is.
-        ys = [math.nan if v is None else v / scale for v in values]
-        xs = [t - start for t in times]
+        # A failed reading becomes NaN: matplotlib breaks the line there, which is what a gap is.
+        ys = [math.nan if getattr(s, name) is None else getattr(s, name) / scale for s in points]
+        xs = [s.time - start for s in points]
         ax.plot(xs, ys, style, label=label, linewidth=1.2)
         return 1
 
