@@ -98,87 +98,104 @@ def configure(
         request = Request.build(
             names, fraction=fraction, limit=limit, growth=growth, allocator=allocator, devices=devices
         )
-        spread = isinstance(backend, str) and backend.strip().lower() == "auto" and not registry.imported_frameworks()
+        auto = isinstance(backend, str) and backend.strip().lower() == "auto"
+        split = isinstance(fraction, dict) or isinstance(limit, dict)
         settings = dict(request.settings)
         defaulted = _safe_growth_default(backend, request.backends, settings, growth, fraction, limit)
-        plans: list[Step] = []
-        for stage in ("check", "plan"):
-            for name in request.backends:
-                try:
-                    if stage == "check":
-                        registry.get_backend(name).check(settings[name])
-                    else:
-                        plans.extend(registry.get_backend(name).plan(settings[name]))
-                except ConfigError as exc:
-                    if backend == "auto" and not registry.imported_frameworks():
-                        raise ConfigError(
-                            exc.parameter,
-                            f"{str(exc).partition(': ')[2]} (backend='auto' chose every installed framework "
-                            f"because none is imported yet: {', '.join(names)}; name the one you use)",
-                        ) from None
-                    raise
-
-        for step in plans:
-            if step.backend in defaulted and step.setting == "growth":
-                others = ", ".join(n for n in defaulted[step.backend] if n != step.backend)
-                if step.too_late:
-                    # A default the user never asked for must not raise: say it could not be made.
-                    step.status, step.too_late = "skipped", None
-                    step.note = (
-                        f"safe default not applied: {step.backend} already preallocated before unimem was "
-                        f"configured; call unimem.configure before {step.backend}'s first op"
-                    )
-                else:
-                    step.note = (
-                        f"safe default: {step.backend} shares this process with {others}, so it allocates on "
-                        "demand instead of preallocating; pass growth=False to keep preallocation"
-                    )
-                    _log.info("%s: %s", step.backend, step.note)
-
-        if spread:
-            # Settings spread over every installed framework (none imported yet) are meant
-            # for whichever one the script will use: one that cannot take a setting is
-            # skipped, as long as another framework can.
-            for step in plans:
-                if step.unsupported and any(
-                    o.setting == step.setting and not o.unsupported for o in plans if o is not step
-                ):
-                    step.status = "skipped"
-                    step.note = f"unsupported: {step.unsupported}"
-                    step.unsupported = None
-        refused = [s for s in plans if s.unsupported or s.too_late]
-        if refused and strict:
-            first = refused[0]
-            more = (
-                f" (and {len(refused) - 1} more: {', '.join(f'{s.backend}.{s.setting}' for s in refused[1:])})"
-                if len(refused) > 1
-                else ""
-            )
-            if first.unsupported:
-                raise UnsupportedFeature(first.backend, first.setting, first.unsupported + more)
-            raise TooLateError(first.backend, first.setting, f"{first.too_late}{more}")
-
-        actions: list[Action] = []
-        for step in plans:
-            status, note = step.status, step.note
-            if step.unsupported or step.too_late:
-                reason = step.unsupported or step.too_late
-                warnings.warn(f"{step.backend}: {step.setting} not applied: {reason}", UnimemWarning, stacklevel=2)
-                status, note = "skipped", f"{'unsupported' if step.unsupported else 'too late'}: {reason}"
-            elif step.status == "skipped":
-                warnings.warn(f"{step.backend}: {step.setting} not applied: {step.note}", UnimemWarning, stacklevel=2)
-            elif step.run is not None and step.status != "unchanged":
-                step.run()
-            actions.append(Action(step.backend, step.setting, step.value, step.method, step.target, status, note))
+        plans = _plan(request.backends, settings, spread=auto and not registry.imported_frameworks())
+        _explain_defaults(plans, defaulted)
+        _refuse(plans, strict)
+        actions = _apply(plans)
         # Only backends the user named (or that were in use) make stats() unambiguous;
         # "auto" spreading settings over every installed framework must not.
-        split_given = isinstance(fraction, dict) or isinstance(limit, dict)
-        chosen_by_user = split_given or not (isinstance(backend, str) and backend.strip().lower() == "auto")
         in_use = registry.imported_frameworks()
         for name in request.backends:
-            if (chosen_by_user or name in in_use) and name not in _configured:
+            if (split or not auto or name in in_use) and name not in _configured:
                 _configured.append(name)
         return Applied(tuple(actions), request.backends)
+
+
+def _plan(names: tuple[str, ...], settings: dict[str, Settings], *, spread: bool) -> list[Step]:
+    """Every backend's steps; nothing changes. All ``check()``s run before any ``plan()``.
+
+    ``spread``: the settings go to every installed framework because none is imported
+    yet; they are meant for whichever one the script will use.
+    """
+    plans: list[Step] = []
+    for stage in ("check", "plan"):
+        for name in names:
+            try:
+                if stage == "check":
+                    registry.get_backend(name).check(settings[name])
+                else:
+                    plans.extend(registry.get_backend(name).plan(settings[name]))
+            except ConfigError as exc:
+                if not spread:
+                    raise
+                raise ConfigError(
+                    exc.parameter,
+                    f"{str(exc).partition(': ')[2]} (backend='auto' chose every installed framework "
+                    f"because none is imported yet: {', '.join(names)}; name the one you use)",
+                ) from None
+    if spread:
+        # A framework that cannot take a setting is skipped, as long as another can.
+        for step in plans:
+            if step.unsupported and any(
+                o.setting == step.setting and not o.unsupported for o in plans if o is not step
+            ):
+                step.status, step.note, step.unsupported = "skipped", f"unsupported: {step.unsupported}", None
+    return plans
+
+
+def _explain_defaults(plans: list[Step], defaulted: dict[str, list[str]]) -> None:
+    """Say why growth changed where unimem chose it; never raise for a default."""
+    for step in plans:
+        if step.backend not in defaulted or step.setting != "growth":
+            continue
+        if step.too_late:
+            step.status, step.too_late = "skipped", None
+            step.note = (
+                f"safe default not applied: {step.backend} already preallocated before unimem was "
+                f"configured; call unimem.configure before {step.backend}'s first op"
+            )
+        else:
+            others = ", ".join(n for n in defaulted[step.backend] if n != step.backend)
+            step.note = (
+                f"safe default: {step.backend} shares this process with {others}, so it allocates on "
+                "demand instead of preallocating; pass growth=False to keep preallocation"
+            )
+            _log.info("%s: %s", step.backend, step.note)
+
+
+def _refuse(plans: list[Step], strict: bool) -> None:
+    """With ``strict``, a step that can no longer (or never) take effect stops everything."""
+    refused = [s for s in plans if s.unsupported or s.too_late]
+    if not refused or not strict:
+        return
+    first = refused[0]
+    more = ""
+    if len(refused) > 1:
+        more = f" (and {len(refused) - 1} more: {', '.join(f'{s.backend}.{s.setting}' for s in refused[1:])})"
+    if first.unsupported:
+        raise UnsupportedFeature(first.backend, first.setting, first.unsupported + more)
+    raise TooLateError(first.backend, first.setting, f"{first.too_late}{more}")
+
+
+def _apply(plans: list[Step]) -> list[Action]:
+    """Run the steps; what is not applied is warned about and recorded as skipped."""
+    actions: list[Action] = []
+    for step in plans:
+        status, note = step.status, step.note
+        if step.unsupported or step.too_late:
+            reason = step.unsupported or step.too_late
+            warnings.warn(f"{step.backend}: {step.setting} not applied: {reason}", UnimemWarning, stacklevel=3)
+            status, note = "skipped", f"{'unsupported' if step.unsupported else 'too late'}: {reason}"
+        elif step.status == "skipped":
+            warnings.warn(f"{step.backend}: {step.setting} not applied: {step.note}", UnimemWarning, stacklevel=3)
+        elif step.run is not None and step.status != "unchanged":
+            step.run()
+        actions.append(Action(step.backend, step.setting, step.value, step.method, step.target, status, note))
+    return actions
 
 
 # Frameworks that take most of the device at start unless told otherwise, and the
