@@ -124,9 +124,16 @@ def stats(backend: str | None, device: int, as_json: bool) -> None:
 
     console = _console()
     if nvml != "ok":
+        # No GPU figures exist here; the host's memory is what a CPU run draws on.
+        import psutil
+
+        memory = psutil.virtual_memory()
         console.print(f"NVML: [yellow]{nvml}[/yellow]")
-        fallback = unimem.stats()
-        console.print(unimem.summary() if fallback else "")
+        host = Table(title="Host memory (no GPU figures on this machine)")
+        for column in ("total", "used", "available"):
+            host.add_column(column, justify="right")
+        host.add_row(format_bytes(memory.total), format_bytes(memory.used), format_bytes(memory.available))
+        console.print(host)
         return
     table = Table(title="GPU memory (NVML)")
     for column in ("device", "total", "used", "free"):
