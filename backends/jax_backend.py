@@ -21,7 +21,7 @@ from unimem.stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
 from . import nvml_backend
-from .base import STATUS_SKIPPED, Backend, Step, devices_step, env_step
+from .base import STATUS_SKIPPED, Backend, Step, devices_step, env_step, no_such_device
 
 __all__ = ["JaxBackend"]
 
@@ -252,7 +252,9 @@ class JaxBackend(Backend):
         if self.phase() is not Phase.INITIALIZED:
             return None  # asking would start the backend (and preallocate 75% of the GPU)
         dev = self._device(device)
-        return None if dev is None else dev.memory_stats()
+        if dev is None:
+            raise no_such_device("jax", device, len(self._devices or ()))
+        return dev.memory_stats()
 
     def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
         total, free, used = nvml_backend.device_figures(device) if nvml else (None, None, None)
@@ -284,13 +286,13 @@ class JaxBackend(Backend):
 
     def fragmentation(self, device: int = 0) -> dict[str, int | None] | None:
         """XLA's own figures: the pool's unused bytes and its largest free block."""
-        raw = self._raw_stats(device)
-        if not raw:
+        snapshot = self.stats(device, nvml=False)  # one key mapping, stats()'s
+        if snapshot.allocated is None:
             return None
-        pool, in_use = raw.get("pool_bytes", raw.get("bytes_reserved")), raw.get("bytes_in_use")
+        pool, in_use = snapshot.reserved, snapshot.allocated
         return {
-            "free_in_pool": None if pool is None or in_use is None else max(0, pool - in_use),
-            "largest_free_block": raw.get("largest_free_block_bytes"),
+            "free_in_pool": None if pool is None else max(0, pool - in_use),
+            "largest_free_block": snapshot.largest_free_block,
             "free_blocks": None,
         }
 
@@ -320,8 +322,3 @@ class JaxBackend(Backend):
                 stacklevel=3,
             )
         return max(0, given)
-
-    def describe_devices(self) -> list[str]:
-        if self.phase() is not Phase.INITIALIZED:
-            return []
-        return [str(d) for d in sys.modules["jax"].local_devices()]

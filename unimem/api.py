@@ -261,15 +261,19 @@ def configure_from_env() -> Applied:
         raise ConfigError(var, message) from None
 
 
+def in_use() -> list[str]:
+    """The backends ``backend=None`` may mean, most specific evidence first: what the user
+    configured; else what started its device runtime; else what is imported (TF imports
+    JAX for TF Lite, so imported alone is weak evidence of use)."""
+    imported = registry.imported_frameworks()
+    started = [name for name in imported if registry.get_backend(name).phase() is Phase.INITIALIZED]
+    return list(_configured) or started or imported
+
+
 def _resolve_query(backend: str | None) -> str:
     if backend is not None:
         return registry.canonical_name(backend)
-    # Most specific first: what the user configured; else what started its device
-    # runtime; else what is imported (TF imports JAX for TF Lite, so imported alone
-    # is weak evidence of use).
-    imported = registry.imported_frameworks()
-    started = [name for name in imported if registry.get_backend(name).phase() is Phase.INITIALIZED]
-    candidates = list(_configured) or started or imported
+    candidates = in_use()
     if len(candidates) == 1:
         return candidates[0]
     if len(candidates) > 1:
@@ -302,13 +306,18 @@ def stats(backend: str | None = None, device: int = 0, *, nvml: bool = True) -> 
         raise ConfigError("nvml", f"expected True or False, got {nvml!r}")
     name = _resolve_query(backend)
     if backend is None and name == "nvml":
-        # Nothing in use and NVML is the fallback: a machine without a driver gets a
-        # snapshot of Nones rather than an error (an explicit backend="nvml" raises).
-        from unimem.backends.nvml_backend import device_figures
-
-        total, free, used = device_figures(device)
-        return MemoryStats("nvml", device, device_total=total, device_free=free, process_used=used)
+        return fallback_stats(device)
     return registry.get_backend(name).stats(device, nvml=nvml)
+
+
+def fallback_stats(device: int) -> MemoryStats:
+    """What ``stats()`` answers when nothing is in use: NVML's figures, and on a machine
+    without a driver a snapshot of Nones rather than an error (an explicit
+    ``backend="nvml"`` raises)."""
+    from unimem.backends.nvml_backend import device_figures
+
+    total, free, used = device_figures(device)
+    return MemoryStats("nvml", device, device_total=total, device_free=free, process_used=used)
 
 
 def reset_peak(backend: str | None = None, device: int = 0) -> None:

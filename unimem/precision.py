@@ -98,10 +98,10 @@ def _resolve_backend(backend: object) -> str:
     """The framework a policy is for; never guesses between several and imports nothing."""
     if backend is not None:
         return registry.canonical_name(backend)
-    from .api import configured_backends
+    from .api import in_use
 
-    candidates = [name for name in configured_backends() if name in registry.FRAMEWORKS]
-    candidates += [name for name in registry.imported_frameworks() if name not in candidates]
+    # The same rule as stats(): configured, else started, else imported.
+    candidates = [name for name in in_use() if name in registry.FRAMEWORKS]
     if len(candidates) == 1:
         return candidates[0]
     if candidates:

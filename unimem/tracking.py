@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from . import registry
-from .api import _check_device, _resolve_query
+from .api import _check_device, _resolve_query, fallback_stats
 from .errors import ConfigError, UnimemError
 from .sizes import format_bytes
 from .stats import MemoryStats
@@ -50,12 +50,7 @@ def resolve_backend(backend: str | None) -> tuple[str, bool]:
 
 def read_stats(name: str, device: int, fallback: bool) -> MemoryStats:
     """A full ``MemoryStats`` of ``name`` (the NVML fallback reads Nones without a driver)."""
-    if fallback:
-        from unimem.backends.nvml_backend import device_figures
-
-        total, free, used = device_figures(device)
-        return MemoryStats("nvml", device, device_total=total, device_free=free, process_used=used)
-    return registry.get_backend(name).stats(device)
+    return fallback_stats(device) if fallback else registry.get_backend(name).stats(device)
 
 
 def _peak_mode(name: str, fallback: bool) -> str:
