@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from unimem.config import Settings
+from unimem.errors import ConfigError
 from unimem.stats import MemoryStats
 from unimem.support import Phase, Support, When
 
@@ -112,9 +113,10 @@ class Backend(ABC):
     def clear_cache(self, device: int = 0) -> int:
         """Give cached memory back to the device; return the bytes measured going back."""
 
-    def describe_devices(self) -> list[str]:
-        """Device names as the framework sees them, if it is already started."""
-        return []
+
+def no_such_device(backend: str, device: int, count: int) -> ConfigError:
+    """The error for a query on a device index the started framework does not have."""
+    return ConfigError("device", f"{backend} sees {count} device(s), numbered from 0; there is no device {device}")
 
 
 # --- environment helpers -------------------------------------------------------
@@ -188,8 +190,6 @@ def visible_devices_value(devices: tuple[int, ...]) -> str:
         entries.append(part)
     hidden = [d for d in devices if d >= len(entries)]
     if hidden:
-        from unimem.errors import ConfigError
-
         raise ConfigError(
             "devices",
             f"device {hidden[0]} is not visible: CUDA_VISIBLE_DEVICES={base!r} shows {len(entries)} "

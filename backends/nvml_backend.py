@@ -18,7 +18,7 @@ from unimem.errors import BackendUnavailable, UnsupportedFeature
 from unimem.stats import MemoryStats
 from unimem.support import Level, Phase, Support
 
-from .base import Backend, Step
+from .base import Backend, Step, no_such_device
 
 __all__ = ["NvmlBackend", "device_figures", "nvml_status"]
 
@@ -296,7 +296,10 @@ class NvmlBackend(Backend):
         return []
 
     def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
-        _load()  # an explicit NVML query on a machine without NVML is an error, not Nones
+        pynvml = _load()  # an explicit NVML query on a machine without NVML is an error, not Nones
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is None and device >= pynvml.nvmlDeviceGetCount():
+            raise no_such_device("nvml", device, pynvml.nvmlDeviceGetCount())
         total, free, used = device_figures(device)
         return MemoryStats("nvml", device, device_total=total, device_free=free, process_used=used)
 
@@ -305,9 +308,3 @@ class NvmlBackend(Backend):
 
     def clear_cache(self, device: int = 0) -> int:
         raise UnsupportedFeature("nvml", "clear_cache", f"{_NO_CONFIG}; use a framework backend")
-
-    def describe_devices(self) -> list[str]:
-        try:
-            return [f"{d['index']}: {d['name']}" for d in devices_info()]
-        except Exception:
-            return []

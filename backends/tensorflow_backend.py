@@ -25,6 +25,7 @@ from .base import (
     Step,
     devices_step,
     env_step,
+    no_such_device,
     when_imported,
 )
 
@@ -324,7 +325,11 @@ class TensorFlowBackend(Backend):
         if self.phase() is not Phase.INITIALIZED:
             return None  # listing logical devices would start the runtime
         gpus = sys.modules["tensorflow"].config.list_logical_devices("GPU")
-        return f"GPU:{device}" if device < len(gpus) else None
+        if not gpus:
+            return None  # no GPU here: nothing to read, and on the CPU TF's zeros mean "not tracked"
+        if device >= len(gpus):
+            raise no_such_device("tensorflow", device, len(gpus))
+        return f"GPU:{device}"
 
     def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
         total, free, used = nvml_backend.device_figures(device) if nvml else (None, None, None)
@@ -362,8 +367,3 @@ class TensorFlowBackend(Backend):
                 stacklevel=3,
             )
         return 0
-
-    def describe_devices(self) -> list[str]:
-        if "tensorflow" not in sys.modules:
-            return []
-        return [d.name for d in self._gpus()]

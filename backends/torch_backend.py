@@ -30,6 +30,7 @@ from .base import (
     devices_step,
     env_step,
     merge_conf,
+    no_such_device,
     when_imported,
 )
 
@@ -494,6 +495,10 @@ class TorchBackend(Backend):
     def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
         torch = sys.modules.get("torch")
         initialized = torch is not None and torch.cuda.is_initialized()
+        if initialized:
+            count = sys.modules["torch"].cuda.device_count()  # cached by torch: free in the hot path
+            if device >= count:
+                raise no_such_device("torch", device, count)
         total = free = used = None
         if nvml:
             total, free, used = nvml_backend.device_figures(device, self._uuid(device) if initialized else None)
@@ -570,9 +575,3 @@ class TorchBackend(Backend):
         with torch.cuda.device(device):
             torch.cuda.empty_cache()
         return max(0, before - torch.cuda.memory_reserved(device))
-
-    def describe_devices(self) -> list[str]:
-        torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_available():
-            return []
-        return [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]

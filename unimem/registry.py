@@ -55,6 +55,8 @@ _lock = threading.Lock()
 
 def canonical_name(name: object, parameter: str = "backend") -> str:
     """``"tf"`` -> ``"tensorflow"``; anything unknown is a ``ConfigError``."""
+    if isinstance(name, str) and name in BACKENDS:  # already canonical: the common case in queries
+        return name
     if not isinstance(name, str):
         raise ConfigError(parameter, f"backend names are strings, got {name!r}")
     key = name.strip().lower()
@@ -86,6 +88,9 @@ def imported_frameworks() -> list[str]:
 
 def get_backend(name: str) -> Backend:
     """The adapter for ``name`` (canonical or alias). Imports the adapter, not the framework."""
+    backend = _instances.get(name) if isinstance(name, str) else None  # stats() in a loop: no parsing, no lock
+    if backend is not None:
+        return backend
     key = canonical_name(name)
     with _lock:
         backend = _instances.get(key)
