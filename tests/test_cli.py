@@ -56,3 +56,10 @@ def test_matrix_check_fails_on_a_stale_file(tmp_path: Path) -> None:
     assert "stale" in proc.stderr
     assert _unimem("matrix", "--output", str(stale)).returncode == 0
     assert _unimem("matrix", "--check", "--output", str(stale)).returncode == 0
+
+
+def test_compare_with_a_bad_workload_is_a_usage_error_before_any_run(tmp_path: Path) -> None:
+    proc = _unimem("compare", "--workload", "resnet", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert "unknown workload 'resnet'" in proc.stderr
+    assert not (tmp_path / "out").exists()

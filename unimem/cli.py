@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from . import __version__, registry
+from .errors import UnimemError
 from .sizes import format_bytes
 
 
@@ -218,28 +219,24 @@ def compare(
         )
         task = bar.add_task("comparing", total=total)
 
-        started = {"first": True}
-
-        def save_partial(partial: compare_module.Comparison) -> None:
-            if out is not None:
+        def on_result(partial: compare_module.Comparison) -> None:
+            bar.advance(task)
+            if out is not None:  # saved as it goes: a run stopped early keeps its rows
                 Path(out).mkdir(parents=True, exist_ok=True)
                 partial.to_json(Path(out) / "compare.json")
 
-        def on_step(label: str) -> None:
-            if not started["first"]:
-                bar.advance(task)
-            started["first"] = False
-            bar.update(task, description=label)
-
-        result = compare_module.compare(
-            frameworks or None,
-            workloads or compare_module.WORKLOADS,
-            configs or tuple(compare_module.CONFIGS),
-            size=size,
-            steps=steps,
-            progress=on_step,
-            on_result=save_partial,
-        )
+        try:
+            result = compare_module.compare(
+                frameworks or None,
+                workloads or compare_module.WORKLOADS,
+                configs or tuple(compare_module.CONFIGS),
+                size=size,
+                steps=steps,
+                progress=lambda label: bar.update(task, description=label),
+                on_result=on_result,
+            )
+        except UnimemError as exc:
+            raise click.UsageError(str(exc)) from None
     if out is not None:
         folder = Path(out)
         folder.mkdir(parents=True, exist_ok=True)
