@@ -255,7 +255,9 @@ def run_reference(step: Callable[[int], None], spec: dict[str, Any], framework: 
             good *= 2
         else:
             bad = 2 * good
-    while bad - good > 1:
+    # --resolution: stop once the bracket is that share of the size (each JAX trial that
+    # fails costs ~14 s on the H200: XLA's allocator waits before it gives up).
+    while bad - good > max(1, math.floor(good * spec.get("resolution", 0.0))):
         mid = (good + bad) // 2
         if fits(mid):
             good = mid
@@ -367,6 +369,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if method == "reference":
         found = run_reference(recorded, spec, framework)
+        extra = {"smallest_failure": min((n for n, ok in trials if not ok), default=None)}
     elif method == "unimem":
         kwargs: dict[str, Any] = {}
         if mode != "gpu":  # the CPU keeps no allocator figures: the step reports its need
@@ -379,6 +382,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             "measured_by": result.measured_by,
             "reasons": [t.reason for t in result.trials],
             "peaks": [t.peak for t in result.trials],
+            "peaks_reserved": [t.peak_reserved for t in result.trials],
+            "baseline": result.baseline,
         }
     elif method.startswith("accelerate"):
         found = run_accelerate(recorded, spec["accelerate_start"], framework)
@@ -467,8 +472,13 @@ def bench(framework: str, mode: str, settings: dict[str, Any], deadline: float, 
         out[method] = run
     if verify and deadline - time.perf_counter() > 20:
         fit = _run_child({**base, "method": "verify", "size": true_max}, timeout=120)
-        over = _run_child({**base, "method": "verify", "size": true_max + 1}, timeout=120)
-        out["verify"] = {"fits_at_true_largest": fit.get("fits"), "fails_one_above": over.get("fits") is False}
+        above = reference.get("smallest_failure") or true_max + 1
+        over = _run_child({**base, "method": "verify", "size": above}, timeout=120)
+        out["verify"] = {
+            "fits_at_true_largest": fit.get("fits"),
+            "fails_at_smallest_failure": over.get("fits") is False,
+            "smallest_failure": above,
+        }
     elif verify:
         out["verify"] = {"skipped": "the time budget ran out (--budget)"}
     unimem_run = out.get("unimem", {})
@@ -535,7 +545,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=int, default=32, help="unimem's and the reference's first size")
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--budget", type=float, default=170.0, help="seconds for the whole run; later methods skip")
+    parser.add_argument("--budget", type=float, default=170.0, help="seconds per framework; later methods skip")
+    parser.add_argument(
+        "--resolution", type=float, default=0.0, help="the reference stops at this share of the size (0: unit)"
+    )
     parser.add_argument("--no-verify", action="store_true", help="skip re-checking N and N+1 in fresh processes")
     parser.add_argument("--cpu", action="store_true", help="CPU-simulated mode even where a GPU is present")
     parser.add_argument("--machine", default=None)
@@ -550,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {
         "fraction": args.fraction,
         "start": args.start,
+        "resolution": args.resolution,
         "d_in": 1024,
         "hidden": args.hidden,
         "depth": args.depth,
@@ -564,7 +578,10 @@ def main(argv: list[str] | None = None) -> int:
     result["settings"] = settings
     result["targets"] = {"share": TARGET_SHARE, "trials": TARGET_TRIALS, "memory_after_within": TARGET_MEMORY}
     result["methods"] = {
-        "reference": "doubling from --start, then bisection to unit resolution; N, N+1 re-checked in fresh processes",
+        "reference": (
+            "doubling from --start, then bisection to unit resolution (or --resolution's share of the size); "
+            "N and the smallest failure re-checked in fresh processes"
+        ),
         "unimem": "unimem.find_batch_size(step, start=--start), defaults (margin 0.05)",
         "accelerate-128": "accelerate find_executable_batch_size: x0.9 on each OOM, clear inside except, from 128",
         "accelerate-high": "the same from the power of two at or above twice the true largest",
@@ -577,13 +594,13 @@ def main(argv: list[str] | None = None) -> int:
             "past a simulated cap; unimem gets the need through measure= (the CPU keeps no allocator figures). "
             "The real-model comparison under a GPU cap needs a GPU."
         )
-    deadline = time.perf_counter() + args.budget
     frameworks: dict[str, Any] = {}
     for framework in [f.strip() for f in args.frameworks.split(",") if f.strip()]:
         missing = _framework_available(framework)
         if missing:
             frameworks[framework] = {"skipped": missing}
             continue
+        deadline = time.perf_counter() + args.budget
         frameworks[framework] = bench(framework, mode, settings, deadline, verify=not args.no_verify)
     result["frameworks"] = frameworks
     out = Path(args.out)

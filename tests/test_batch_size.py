@@ -19,7 +19,7 @@ import weakref
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import unimem
@@ -308,6 +308,62 @@ def test_with_a_baseline_one_trial_gives_a_size_that_surely_fits() -> None:
     blind = unimem.find_batch_size(step, start=32, measure=step.measure, limit=step.cap, return_trials=True)
     assert 0.95 * true_max <= blind.batch_size <= true_max
     assert len(blind.trials) > len(search.trials)
+
+
+class ConvexNeed(FixedPlusPerSample):
+    """``FixedPlusPerSample`` whose plateau also grows a little per sample (the batch's
+    inputs and outputs sit beside the gradients): a line through small sizes then
+    predicts far more than fits."""
+
+    def __init__(self, held: int, fixed: int, per_sample: int, floor: int, floor_per_sample: int, cap: int) -> None:
+        super().__init__(held, fixed, per_sample, floor, cap)
+        self.floor_per_sample = floor_per_sample
+
+    def need(self, n: int) -> int:
+        return self.held + max(self.floor + self.floor_per_sample * n, self.fixed + self.per_sample * n)
+
+
+def test_the_h200_benchmark_shape_takes_six_trials_from_its_start() -> None:
+    # The peaks the H200 showed for benchmarks/bench_batch_size.py's torch MLP under a 2% cap
+    # (benchmarks/results/batch_size-gpu.json, first session): 1008 MB held, 235 MB of
+    # gradients + 12.3 kB per sample tops the activations (54.7 MB + 93.3 kB per sample) up
+    # to ~2200 samples; the largest size that fit was 17408. Searching from 32, the earlier
+    # search trusted the small sizes' line and took 11 trials.
+    step = ConvexNeed(1_007_960_064, 54_700_000, 93_325, 234_950_000, 12_300, 2_687_300_000)
+    true_max = max(n for n in range(17_000, 18_000) if step.need(n) <= step.cap)
+    for start, most in ((32, 6), (1, 7), (8, 7), (64, 7), (256, 7)):
+        search = unimem.find_batch_size(
+            step, start=start, measure=step.measure, limit=step.cap, baseline=step.held, return_trials=True
+        )
+        assert 0.95 * true_max <= search.batch_size <= true_max, str(search)
+        assert len(search.trials) <= most, str(search)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    held=st.integers(1 << 28, 1 << 34),
+    fixed=st.integers(0, 1 << 30),
+    per_sample=st.integers(1 << 12, 1 << 24),
+    floor=st.integers(0, 1 << 32),
+    floor_share=st.sampled_from([0, 3, 10, 50]),
+    true_max=st.integers(64, 100_000),
+    start=st.sampled_from([1, 8, 32, 128]),
+)
+def test_convex_needs_are_found_within_the_margin(
+    held: int, fixed: int, per_sample: int, floor: int, floor_share: int, true_max: int, start: int
+) -> None:
+    floor_per_sample = per_sample // floor_share if floor_share else 0
+    cap = held + max(floor + floor_per_sample * true_max, fixed + per_sample * true_max)
+    step = ConvexNeed(held, fixed, per_sample, floor, floor_per_sample, cap)
+    assume(step.need(start) <= cap)
+    search = unimem.find_batch_size(
+        step, start=start, measure=step.measure, limit=cap, baseline=held, max_trials=64, return_trials=True
+    )
+    room = cap - held  # both parts of the need must fit in it
+    largest = min((room - fixed) // per_sample, (room - floor) // floor_per_sample if floor_per_sample else 1 << 62)
+    assert search.converged and 0.95 * largest <= search.batch_size <= largest, str(search)
+    assert all(t.fits for t in search.trials if t.reason == "safe-jump"), str(search)
+    assert all(t.batch_size > largest for t in search.trials if not t.fits), str(search)
 
 
 @settings(max_examples=60, deadline=None)

@@ -5,21 +5,24 @@ How the search goes (every size tried is a real call of ``step``):
 1. Run ``start`` and read its peak memory. (If it does not fit, halve until one does.)
 2. With the bytes in use before the search (the baseline: parameters, optimizer state),
    one peak already bounds the answer from below: if what a trial adds above the
-   baseline is fixed costs plus a per-sample part, ``n × (limit - baseline) / (peak -
-   baseline)`` surely fits. Jump a little below it when no better estimate exists (a
-   "safe jump"). A step that frees part of the baseline first (gradients set to None)
-   can make the bound optimistic; the failure then brackets the answer like any other.
+   baseline is fixed costs plus a per-sample part (or the larger of two such parts),
+   ``n × (limit - baseline) / (peak - baseline)`` surely fits -- the "sure bound".
 3. Fit ``bytes = a + b × batch`` to the trials that fit (Theil–Sen: the median of the
    pairwise slopes, so one noisy reading does not tip it; sizes whose peak is a plateau
-   of fixed costs are left out) and predict the largest batch under the limit. Try a
-   little below the prediction (``margin / 2``), never below the safe size.
-4. Close the bracket from above: try the smallest size whose failure would prove the
-   answer is within ``margin`` of the largest that fits. A failure below an estimate
-   means it was optimistic: back off just under the failure once, then bisect.
-   Without memory figures (no ``measure=`` and the framework keeps none, as on the
-   CPU) steps 2–3 become doubling until the first failure.
-5. Stop once the largest size that fit is at least ``(1 - margin)`` × the largest
-   size that may fit (one below the smallest failure, or ``max_size``).
+   of fixed costs are left out) and predict the largest batch under the limit.
+4. A step's peak is often convex in the batch: at small sizes a fixed part (gradients
+   freed late, an optimizer step's temporaries) tops the activations, and a line through
+   those sizes predicts several times the answer. So a prediction is
+   trusted only when it agrees with the sure bound within a factor of two and the fit
+   saw no steepening; otherwise the next size is the sure bound when the answer cannot
+   be far above it, else the geometric mean of the two (a bisection in log-size, which
+   halves the uncertainty whichever way the trial goes). A failure caps the upper
+   estimate the same way. Without memory figures (no ``measure=`` and the framework
+   keeps none, as on the CPU) this becomes doubling until the first failure, then
+   bisection.
+5. Near the answer, try the smallest size whose failure would prove the largest size
+   that ran is within ``margin`` of the largest that fits; stop once it is (one below
+   the smallest failure, or ``max_size``).
 
 Memory: an out-of-memory error's traceback holds the failed step's frames, and their
 tensors (the leak other batch-size finders have, DESIGN.md). A failed trial keeps only
@@ -61,7 +64,7 @@ class Trial:
     fits: bool
     peak: int | None  # bytes the trial used at its peak; None when unknown
     seconds: float
-    reason: str  # why this size: start, grow, halve, predict, close, back-off, bisect, upper-bound
+    reason: str  # why: start, grow, halve, safe-jump, predict, predict-far, close, bisect, upper-bound
     error: str | None = None  # the out-of-memory message's first line when it did not fit
     peak_reserved: int | None = None  # torch: the pool's peak in the same trial
 
@@ -221,6 +224,15 @@ def fit_linear(
     a quarter of the largest's are left out: their peak is set by something that does
     not grow with the batch (an optimizer step's temporaries can top a small batch's
     activations), and a slope through such a plateau would predict far too much."""
+    return _fit(points, largest=largest, baseline=baseline)[0]
+
+
+def _fit(
+    points: list[tuple[int, int]], *, largest: int = 5, baseline: int | None = None
+) -> tuple[tuple[float, float] | None, bool]:
+    """``fit_linear``'s model, and whether the peaks grew convexly (sizes were left out
+    because a later slope was steeper): then the model's slope is a lower bound and its
+    prediction an upper estimate, not a point one."""
     chosen = sorted(points)[-largest:]
     # A run of equal peaks at the small end is a plateau of fixed costs: none of its
     # sizes lies on the line (a slope from its last one to the next would be too flat).
@@ -230,17 +242,25 @@ def fit_linear(
         plateau = True
     if plateau:
         chosen.pop(0)
+    convex = False
     if baseline is not None and chosen:
         top = max(m for _, m in chosen) - baseline
-        chosen = [(n, m) for n, m in chosen if m - baseline >= top / 4]
+        kept = [(n, m) for n, m in chosen if m - baseline >= top / 4]
+        convex = len(kept) < len(chosen)
+        chosen = kept
     slopes = [(m2 - m1) / (n2 - n1) for (n1, m1), (n2, m2) in itertools.combinations(chosen, 2) if n2 != n1]
     if not slopes:
-        return None
+        return None, convex
     b = _median(slopes)
     if b <= 0:
-        return None
+        return None, convex
     a = _median([m - b * n for n, m in chosen])
-    return a, b
+    # The largest size well above the line: the peaks steepen (the peak moved from a fixed
+    # part to the activations), or one reading is wild. Either way the line is no point
+    # estimate of what lies beyond.
+    n, m = chosen[-1]
+    convex = convex or m - (a + b * n) > 0.05 * b * n
+    return (a, b), convex
 
 
 def _predict(model: tuple[float, float] | None, limit: int | None) -> int | None:
@@ -262,58 +282,79 @@ def _safe_size(points: list[tuple[int, int]], baseline: int | None, limit: int |
     return math.floor(n * (limit - baseline) / (peak - baseline))
 
 
+def _plateau_ratio(points: list[tuple[int, int]]) -> float:
+    """When the two largest sizes measured peaked the same, the ratio of those sizes; else 0."""
+    if len(points) < 2:
+        return 0.0
+    (n1, m1), (n2, m2) = sorted(points)[-2:]
+    return n2 / n1 if m2 <= m1 else 0.0
+
+
 def _next_size(
     good: int,
     bad: int | None,
     upper: int | None,
     predicted: int | None,
     margin: float,
-    misses: int,
     safe: int | None = None,
-    flat: bool = False,
+    flat: float = 0.0,
+    convex: bool = False,
+    jumped: bool = False,
 ) -> tuple[int, str]:
-    """The next size to try, and why. ``good`` >= 1 is the largest that fit; ``predicted``
-    is the linear fit's answer, ``safe`` the proportional lower bound (both may be None);
-    ``flat``: the two largest sizes measured peaked the same (a plateau of fixed costs)."""
+    """The next size to try, and why. ``good`` >= 1 is the largest that fit, ``bad`` the
+    smallest that did not; ``predicted`` is the linear fit's answer and ``safe`` the
+    proportional lower bound (both may be None); ``flat``: when the two largest sizes
+    measured peaked the same (a plateau of fixed costs), the ratio of those sizes, else 0;
+    ``convex``: the fit saw the peaks grow faster at larger sizes, so ``predicted`` is only
+    an upper estimate; ``jumped``: the last trial was a sure step, and it fit.
+
+    The answer lies between a lower estimate (``good``, raised to ``safe``) and an upper
+    one (the prediction, else one below the smallest failure). A step's peak is often
+    convex in the batch: at small sizes a fixed part (gradients, an optimizer step's
+    temporaries) tops the activations, so a line through small sizes predicts too much.
+    Hence: when the two estimates are within a factor of two, aim just under the upper
+    one; when they are further apart, aim at their geometric mean (a bisection in
+    log-size, which halves the uncertainty whichever way the trial goes)."""
     bounds = [x for x in (None if bad is None else bad - 1, upper) if x is not None]
     high = min(bounds) if bounds else None
-    aim: int | None = None
-    reason = ""
-    if predicted is not None:
-        aim, reason = math.floor(predicted * (1 - margin / 2)), "predict"
-        if safe is not None:
-            aim = max(aim, math.floor(safe * (1 - margin / 2)))
-    elif safe is not None:
-        # No fit yet: take the sure step (it grows by the headroom's ratio, and each step
-        # measures a size where the per-sample part weighs more) -- or double, while
-        # nothing has failed, when a plateau of fixed costs makes the sure step small.
-        # Aimed a little below, like a prediction: a step that frees part of the baseline
-        # (gradients set to None) makes the bound slightly optimistic.
-        aim, reason = math.floor(safe * (1 - margin / 2)), "safe-jump"
-        if flat and bad is None and aim < 2 * good:
-            aim, reason = 2 * good, "grow"
-    estimate = max(x for x in (predicted, safe, aim) if x is not None) if aim is not None else None
-    if aim is not None and high is not None and bad is not None and aim > high:
-        # A failure below the estimate: it is optimistic. Once, try just under the
-        # failure (a small miss); after that, bisect.
-        if misses <= 1:
-            size, reason = math.floor(high * (1 - margin / 2)), "back-off"
-        else:
-            size, reason = (good + bad) // 2, "bisect"
-    elif aim is not None and estimate is not None:
-        if bad is None and upper is not None and estimate >= upper:
-            size, reason = upper, "upper-bound"
-        else:
-            size = aim
-            close = math.floor(good / (1 - margin)) + 1
-            if size < close:
-                # Near the edge: the smallest size whose failure ends the search beats a
-                # small step up (it fails and ends it, or fits and gains more).
-                size, reason = close, "close"
-    elif bad is None:
-        size, reason = 2 * good, "grow"
+    low = good
+    if safe is not None and (high is None or safe * (1 - margin / 2) < high):
+        # (A failure at or below the sure bound refutes it: the limit was optimistic.)
+        low = max(low, math.floor(safe * (1 - margin / 2)))
     else:
-        size, reason = (good + bad) // 2, "bisect"
+        safe = None
+    # A prediction is a point estimate unless the peaks grew convexly, or (with a sure
+    # bound) it lies more than twice above that bound: a line through small sizes, whose
+    # peak a fixed part sets, predicts far too much.
+    trusted = predicted is not None and not convex and (safe is None or predicted <= 2 * max(low, 1))
+    top = predicted if predicted is not None and (high is None or predicted <= high) else high
+    if top is None:
+        # Nothing above is known: the sure step (it grows by the headroom's ratio), or
+        # grow while a plateau of fixed costs keeps the sure step small, squaring the
+        # ratio at each step on the plateau (a long plateau costs few trials).
+        size, reason = (low, "safe-jump") if safe is not None else (2 * good, "grow")
+        stride = min(16.0, max(2.0, flat**2))
+        if flat and size < stride * good:
+            size, reason = math.floor(stride * good), "grow"
+    elif bad is None and top == upper and (trusted or 2 * low >= top):
+        size, reason = top, "upper-bound"
+    elif top == predicted and trusted:
+        size, reason = max(low, math.floor(top * (1 - margin / 2))), "predict"
+    elif low > good and top <= 4 * low and (low >= 1.15 * good or top <= 1.5 * low or not jumped):
+        # The sure bound is a step up and the answer is not far above it: take it (it
+        # fits, and the next step starts from there). Not for a second small step in a
+        # row: a sure bound that a fixed part keeps loose creeps up a few percent a trial.
+        size, reason = low, "safe-jump"
+    else:
+        # Far apart, or the prediction was refuted by a failure below it: log-bisect.
+        base = max(low, 1)
+        size = max(low, math.floor(math.sqrt(base * top)) if top > base else top)
+        reason = "predict-far" if top == predicted else "bisect"
+    close = math.floor(good / (1 - margin)) + 1
+    if size < close:
+        # Near the edge: the smallest size whose failure ends the search beats a small
+        # step up (it fails and ends it, or fits and gains more).
+        size, reason = close, "close"
     size = max(good + 1, size)
     if high is not None:
         size = min(size, high)
@@ -412,7 +453,6 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
     trials: list[Trial] = []
     points: list[tuple[int, int]] = []
     good, bad = 0, None
-    misses = 0
     size, reason = settings.start, "start"
     last_oom: BaseException | None = None
     model: tuple[float, float] | None = None
@@ -452,11 +492,8 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             good = max(good, size)
             if peak is not None:
                 points.append((size, peak))
-            misses = 0
         else:
             bad = size if bad is None else min(bad, size)
-            if reason in ("predict", "safe-jump", "back-off", "upper-bound"):
-                misses += 1
 
         if good == 0 and bad == 1:
             assert last_oom is not None
@@ -465,7 +502,7 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
 
             report = build_report(oom, backend=backend, device=device, batch_size=1)
             raise OutOfMemory(f"even batch size 1 does not fit.\n{report}", report) from last_oom
-        model = fit_linear(points, baseline=baseline)
+        model, convex = _fit(points, baseline=baseline)
         bounds = [x for x in (None if bad is None else bad - 1, settings.max_size) if x is not None]
         high = min(bounds) if bounds else None
         if good and high is not None and good >= (1 - settings.margin) * high:
@@ -485,9 +522,10 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             settings.max_size,
             _predict(model, usable),
             settings.margin,
-            misses,
             _safe_size(points, baseline, usable),
-            flat=len(points) >= 2 and sorted(points)[-1][1] <= sorted(points)[-2][1],
+            flat=_plateau_ratio(points),
+            convex=convex,
+            jumped=trials[-1].fits and trials[-1].reason == "safe-jump",
         )
 
     if good == 0:
