@@ -376,7 +376,17 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             kwargs = {"measure": workload.measure, "limit": spec["cpu_cap"]}
         result = unimem.find_batch_size(recorded, start=spec["start"], backend=framework, return_trials=True, **kwargs)
         found = result.batch_size
+        # Does the answer still run in this process, after the search's last failure?
+        # (JAX's pool can be left fragmented by an out-of-memory error.)
+        rerun = True
+        try:
+            workload.step(found)
+        except Exception as exc:
+            if not unimem.is_oom(exc):
+                raise
+            rerun = False
         extra = {
+            "answer_reruns_in_process": rerun,
             "model": result.model,
             "limit": result.limit,
             "measured_by": result.measured_by,
@@ -445,18 +455,66 @@ def _framework_available(framework: str) -> str | None:
     return None
 
 
-def bench(framework: str, mode: str, settings: dict[str, Any], deadline: float, verify: bool) -> dict[str, Any]:
+def fresh_reference(base: dict[str, Any], rounds: int = 3, width: int = 16) -> dict[str, Any]:
+    """The largest size that runs in a FRESH process (warm-up at 1, then one step), found by
+    probing many sizes at once, each in its own process under its own cap: powers of two
+    from --start first, then ``width`` evenly spaced sizes inside the bracket, ``rounds``
+    times. For JAX, whose largest size depends on the process's history (after one OOM,
+    less fits), this is the reference a user restarting with the answer meets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    probes: list[list[Any]] = []
+
+    def probe(sizes: list[int]) -> None:
+        with ThreadPoolExecutor(max_workers=len(sizes)) as pool:
+            runs = list(pool.map(lambda n: _run_child({**base, "method": "verify", "size": n}, timeout=180), sizes))
+        for n, run in zip(sizes, runs, strict=True):
+            if "fits" not in run:
+                raise RuntimeError(f"probe at {n} failed: {run}")
+            probes.append([n, bool(run["fits"])])
+
+    def bracket() -> tuple[int, int | None]:
+        good = max((n for n, ok in probes if ok), default=0)
+        bad = min((n for n, ok in probes if not ok and n > good), default=None)
+        return good, bad
+
+    probe([base["start"] << k for k in range(14)])
+    for _ in range(rounds):
+        good, bad = bracket()
+        if bad is None or bad - good <= 1:
+            break
+        step = max(1, (bad - good) / (width + 1))
+        probe(sorted({min(bad - 1, good + max(1, round(step * (i + 1)))) for i in range(width)}))
+    good, bad = bracket()
+    if any(ok for n, ok in probes if n > good) or any(not ok for n, ok in probes if n < good):
+        raise RuntimeError(f"fresh probes are not monotonic: {sorted(probes)}")
+    return {"found": good, "smallest_failure": bad, "probes": sorted(probes), "method": "fresh-process probes"}
+
+
+def bench(
+    framework: str,
+    mode: str,
+    settings: dict[str, Any],
+    deadline: float,
+    verify: bool,
+    fresh: bool = False,
+    methods: tuple[str, ...] = METHODS,
+) -> dict[str, Any]:
     base = {"framework": framework, "mode": mode, **settings}
     out: dict[str, Any] = {}
     remaining = deadline - time.perf_counter()
-    reference = _run_child({**base, "method": "reference"}, timeout=max(30.0, remaining))
+    if fresh:
+        reference = fresh_reference(base)
+        verify = False  # every probe already ran in a fresh process
+    else:
+        reference = _run_child({**base, "method": "reference"}, timeout=max(30.0, remaining))
     out["reference"] = reference
     if "error" in reference:
         return out
     true_max = int(reference["found"])
     out["true_largest"] = true_max
     high_start = 1 << math.ceil(math.log2(2 * true_max))
-    for method in METHODS:
+    for method in methods:
         remaining = deadline - time.perf_counter()
         if remaining < 10:
             out[method] = {"skipped": "the time budget ran out (--budget)"}
@@ -518,8 +576,8 @@ def _table(results: dict[str, Any]) -> str:
             continue
         true_max = runs.get("true_largest")
         lines.append(f"{framework:<10} {'reference':<20} {true_max!s:>7}")
-        for method in METHODS:
-            run = runs.get(method, {})
+        for method in [m for m in METHODS if m in runs]:
+            run = runs[method]
             if "found" not in run:
                 lines.append(f"{framework:<10} {method:<20} {run.get('skipped') or run.get('error')}")
                 continue
@@ -548,6 +606,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=170.0, help="seconds per framework; later methods skip")
     parser.add_argument(
         "--resolution", type=float, default=0.0, help="the reference stops at this share of the size (0: unit)"
+    )
+    parser.add_argument(
+        "--fresh-reference", action="store_true", help="find the true largest by probes in fresh processes, in parallel"
+    )
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help="the searches to run against the reference, in this order"
     )
     parser.add_argument("--no-verify", action="store_true", help="skip re-checking N and N+1 in fresh processes")
     parser.add_argument("--cpu", action="store_true", help="CPU-simulated mode even where a GPU is present")
@@ -601,7 +665,15 @@ def main(argv: list[str] | None = None) -> int:
             frameworks[framework] = {"skipped": missing}
             continue
         deadline = time.perf_counter() + args.budget
-        frameworks[framework] = bench(framework, mode, settings, deadline, verify=not args.no_verify)
+        frameworks[framework] = bench(
+            framework,
+            mode,
+            settings,
+            deadline,
+            verify=not args.no_verify,
+            fresh=args.fresh_reference,
+            methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+        )
     result["frameworks"] = frameworks
     out = Path(args.out)
     target = out if out.suffix == ".json" else out / f"batch_size-{'gpu' if mode == 'gpu' else 'cpu'}.json"

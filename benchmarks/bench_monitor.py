@@ -213,11 +213,18 @@ def part_overhead(torch: Any, device: str, steps: int, repeats: int) -> dict[str
     for name, values in times.items():
         median = statistics.median(values)
         overhead = (median / base - 1.0) * 100.0
+        # Paired: each run against the unmonitored run of the same repeat (run-to-run drift
+        # of the GPU clocks and the host is far larger than the effect being measured).
+        paired = [(v / none - 1.0) * 100.0 for v, none in zip(values, times["none"], strict=True)]
+        quartiles = statistics.quantiles(paired, n=4) if len(paired) >= 2 else [paired[0]] * 3
         entry: dict[str, Any] = {
             "median_step_ms": median * 1e3,
             "runs_ms": [v * 1e3 for v in values],
-            "overhead_percent": overhead,
+            "overhead_percent_of_medians": overhead,
+            "overhead_percent": statistics.median(paired),
+            "overhead_percent_paired_iqr": [quartiles[0], quartiles[2]],
         }
+        overhead = entry["overhead_percent"]
         if samples[name]:
             entry["samples_per_run"] = samples[name]
         if name.startswith("unimem_"):

@@ -29,6 +29,21 @@ if [ "$PART" = batch ]; then
   # Issue 7: the two JAX transformer rows that ran out of time in the first session.
   timeout 100 python3 -m unimem compare --framework jax --workload transformer --config cap --config bf16 \
     --size large --steps 3 --out "$WORK/compare" > "$WORK/compare.log" 2>&1
+elif [ "$PART" = batch2 ]; then
+  # After the first batch run: in JAX the largest size that runs depends on the process's
+  # history (after one OOM about half fits), so JAX's reference is re-found in fresh
+  # processes (probed in parallel); torch's unimem search re-run to see its answer re-run
+  # in the same process. Then the monitor overhead benchmark, alone on the machine.
+  timeout 330 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks jax --budget 290 --fresh-reference \
+    --methods unimem,lightning-binsearch,accelerate-high --out "$WORK/batch-jax" --machine "$MACHINE" \
+    > "$WORK/batch-jax.log" 2>&1 &
+  timeout 200 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks torch --budget 150 --methods unimem \
+    --out "$WORK/batch-torch" --machine "$MACHINE" > "$WORK/batch-torch.log" 2>&1 &
+  wait
+  timeout 230 python3 "$ROOT/benchmarks/bench_monitor.py" --out "$WORK/monitor" --repeats 13 --skip-jax \
+    --machine "$MACHINE" > "$WORK/monitor.log" 2>&1
+elif [ "$PART" = suite ]; then
+  (cd "$ROOT" && timeout 420 python3 tests/gpu/run_suite.py --out "$WORK/gpu.json") > "$WORK/suite.log" 2>&1
 elif [ "$PART" = observe ]; then
   # The whole suite first, so that evidence/gpu.json reflects the current code.
   (cd "$ROOT" && timeout 330 python3 tests/gpu/run_suite.py --out "$WORK/gpu.json") > "$WORK/suite.log" 2>&1
