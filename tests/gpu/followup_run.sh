@@ -43,7 +43,14 @@ elif [ "$PART" = batch2 ]; then
   timeout 230 python3 "$ROOT/benchmarks/bench_monitor.py" --out "$WORK/monitor" --repeats 13 --skip-jax \
     --machine "$MACHINE" > "$WORK/monitor.log" 2>&1
 elif [ "$PART" = suite ]; then
-  (cd "$ROOT" && timeout 420 python3 tests/gpu/run_suite.py --out "$WORK/gpu.json") > "$WORK/suite.log" 2>&1
+  # The whole suite, then the cheap check of unimem's JAX search (its answer and smallest
+  # failure re-run in fresh processes: a lower bound of its share without the exhaustive
+  # search, which JAX's ~14 s per failing trial makes too slow), then torch's search again.
+  (cd "$ROOT" && timeout 320 python3 tests/gpu/run_suite.py --out "$WORK/gpu.json") > "$WORK/suite.log" 2>&1
+  timeout 150 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks jax --bracket-reference \
+    --out "$WORK/batch-jax" --machine "$MACHINE" > "$WORK/batch-jax.log" 2>&1
+  timeout 70 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks torch --budget 40 --methods unimem \
+    --out "$WORK/batch-torch" --machine "$MACHINE" > "$WORK/batch-torch.log" 2>&1
 elif [ "$PART" = observe ]; then
   # The whole suite first, so that evidence/gpu.json reflects the current code.
   (cd "$ROOT" && timeout 330 python3 tests/gpu/run_suite.py --out "$WORK/gpu.json") > "$WORK/suite.log" 2>&1
