@@ -376,17 +376,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             kwargs = {"measure": workload.measure, "limit": spec["cpu_cap"]}
         result = unimem.find_batch_size(recorded, start=spec["start"], backend=framework, return_trials=True, **kwargs)
         found = result.batch_size
-        # Does the answer still run in this process, after the search's last failure?
-        # (JAX's pool can be left fragmented by an out-of-memory error.)
-        rerun = True
-        try:
-            workload.step(found)
-        except Exception as exc:
-            if not unimem.is_oom(exc):
-                raise
-            rerun = False
         extra = {
-            "answer_reruns_in_process": rerun,
+            "confirmed": result.confirmed,
+            "confirmations": [[t.batch_size, t.fits] for t in result.confirmations],
             "model": result.model,
             "limit": result.limit,
             "measured_by": result.measured_by,
@@ -403,6 +395,17 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         raise SystemExit(f"unknown method {method}")
     seconds = time.perf_counter() - started
     after = workload.snapshot()
+    if method == "unimem":
+        # Does the answer run again in this process? (After the snapshot: this step grows
+        # the pool again.) JAX's pool can be left fragmented by an out-of-memory error.
+        rerun = True
+        try:
+            workload.step(found)
+        except Exception as exc:
+            if not unimem.is_oom(exc):
+                raise
+            rerun = False
+        extra["answer_reruns_in_process"] = rerun
     return {"found": found, "trials": trials, "seconds": seconds, "before": before, "after": after, **extra}
 
 
@@ -499,7 +502,7 @@ def bracket_reference(base: dict[str, Any]) -> dict[str, Any]:
     run = _run_child({**base, "method": "unimem"}, timeout=240)
     if "error" in run:
         return {"unimem": run}
-    run["trial_count"] = len(run["trials"])
+    run["trial_count"] = len(run["trials"]) - len(run.get("confirmations", []))  # re-runs of the answer apart
     run["memory"] = _memory(run)
     failure = min((n for n, ok in run["trials"] if not ok), default=None)
     fit = _run_child({**base, "method": "verify", "size": run["found"]}, timeout=120)
@@ -549,7 +552,7 @@ def bench(
         start = 128 if method == "accelerate-128" else high_start
         run = _run_child({**base, "method": method, "accelerate_start": start}, timeout=max(30.0, remaining))
         if "error" not in run:
-            run["trial_count"] = len(run["trials"])
+            run["trial_count"] = len(run["trials"]) - len(run.get("confirmations", []))  # re-runs of the answer apart
             run["share_of_true_largest"] = run["found"] / true_max
             run["memory"] = _memory(run)
             if method.startswith("accelerate"):

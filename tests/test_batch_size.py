@@ -246,7 +246,14 @@ def test_the_answer_is_always_within_the_margin(
     )
     assert (1 - margin) * true_max <= search.batch_size <= true_max
     assert search.converged
-    assert len(step.calls) == len(search.trials) == len(set(step.calls)), "a size was tried twice"
+    searched = step.calls[: len(search.trials)]
+    assert searched == [t.batch_size for t in search.trials]
+    assert len(searched) == len(set(searched)), "a size was tried twice"
+    # Then only the re-run of the answer, and only when a trial failed after it ran.
+    assert step.calls[len(searched) :] == [t.batch_size for t in search.confirmations]
+    assert search.confirmations[:1] == () or search.confirmations[0].batch_size == max(
+        t.batch_size for t in search.trials if t.fits
+    )
     assert all(ref() is None for ref in step.refs), "a trial's batch outlived the search"
 
 
@@ -433,12 +440,54 @@ def test_running_out_of_trials_warns_and_returns_the_largest_that_ran() -> None:
     assert search.batch_size == 16 and search.converged is False
 
 
+class Fragmenting(Need):
+    """A pool that an out-of-memory error leaves fragmented: after the first failure,
+    only ``after_oom`` (a share of the cap) can be used, as JAX's pool on the H200."""
+
+    def __init__(self, a: int, b: int, cap: int, after_oom: float) -> None:
+        super().__init__(a, b, cap)
+        self.full_cap, self.after_oom = cap, after_oom
+
+    def __call__(self, batch_size: int) -> None:
+        try:
+            super().__call__(batch_size)
+        except MemoryError:
+            self.cap = int(self.full_cap * self.after_oom)
+            raise
+
+
+@pytest.mark.parametrize(("after_oom", "confirmed"), [(0.99, True), (0.5, False)])
+def test_the_answer_is_re_run_after_the_last_failure(after_oom: float, confirmed: bool) -> None:
+    step = Fragmenting(0, 100, 100 * 1000, after_oom)
+    kwargs: dict[str, Any] = {"measure": step.measure, "limit": step.cap, "return_trials": True}
+    if confirmed:
+        search = unimem.find_batch_size(step, start=8, **kwargs)
+    else:
+        with pytest.warns(unimem.UnimemWarning, match="start a fresh process with batch size"):
+            search = unimem.find_batch_size(step, start=8, **kwargs)
+    assert search.confirmed is confirmed and search.confirmations[0].batch_size == max(
+        t.batch_size for t in search.trials if t.fits
+    )
+    if confirmed:  # one size lower by the margin runs in the fragmented pool: that is the answer
+        assert search.batch_size == search.confirmations[-1].batch_size <= 990
+        assert [t.fits for t in search.confirmations][-1] is True
+    else:  # neither runs: the search's answer stands, with a note saying what to do
+        assert search.batch_size >= 950 and not any(t.fits for t in search.confirmations)
+        assert "fresh process" in search.notes[-1]
+    other = Fragmenting(0, 100, 100 * 1000, 0.5)
+    unconfirmed = unimem.find_batch_size(other, start=8, confirm=False, measure=other.measure, limit=other.cap)
+    assert unconfirmed >= 950 and len(other.calls) == len(set(other.calls))  # nothing re-run
+    with pytest.raises(unimem.ConfigError, match="confirm"):
+        unimem.find_batch_size(step, start=8, confirm="yes")  # type: ignore[call-overload]
+
+
 def test_result_reads_well_and_is_json_ready() -> None:
     step = Need(1000, 100, 1000 + 100 * 500)
     search = unimem.find_batch_size(step, start=2, measure=step.measure, limit=step.cap, return_trials=True)
     data = json.loads(json.dumps(search.as_dict()))
     assert data["batch_size"] == search.batch_size == int(search)
-    assert [t["batch_size"] for t in data["trials"]] == step.calls
+    assert [t["batch_size"] for t in data["trials"] + data["confirmations"]] == step.calls
+    assert data["confirmed"] is True and [t["reason"] for t in data["confirmations"]] == ["confirm"]
     text = str(search)
     assert text.startswith(f"batch size {search.batch_size} in {len(search.trials)} trials")
     assert "× batch (measure=)" in text

@@ -79,6 +79,8 @@ class BatchSizeSearch:
     ``max_trials`` ran out first. ``model`` is the last fit ``(a, b)`` of
     ``bytes = a + b × batch``, ``limit`` the bytes it was held against, ``measured_by``
     where the peaks came from. ``before``/``after``: ``stats()`` around the search.
+    ``confirmations``: the answer re-run after the search's last failure (``confirm=True``),
+    and ``confirmed`` whether it ran then (None when nothing failed after it ran).
     """
 
     batch_size: int
@@ -94,6 +96,8 @@ class BatchSizeSearch:
     before: MemoryStats | None = None
     after: MemoryStats | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    confirmations: tuple[Trial, ...] = ()
+    confirmed: bool | None = None
 
     def __int__(self) -> int:
         return self.batch_size
@@ -113,6 +117,8 @@ class BatchSizeSearch:
             "before": None if self.before is None else self.before.as_dict(),
             "after": None if self.after is None else self.after.as_dict(),
             "notes": list(self.notes),
+            "confirmations": [t.__dict__ for t in self.confirmations],
+            "confirmed": self.confirmed,
         }
 
     def __str__(self) -> str:
@@ -134,6 +140,8 @@ class BatchSizeSearch:
             lines.append(
                 f"  {t.batch_size:>8}  {'fits' if t.fits else 'OOM ':<4}  {t.reason:<11} {t.seconds:.3f} s{peak}"
             )
+        for t in self.confirmations:
+            lines.append(f"  {t.batch_size:>8}  {'fits' if t.fits else 'OOM ':<4}  {t.reason:<11} {t.seconds:.3f} s")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -150,6 +158,7 @@ class _Settings:
     baseline: int | None
     max_trials: int
     return_trials: bool
+    confirm: bool = True
 
 
 def _check(
@@ -163,6 +172,7 @@ def _check(
     baseline: object,
     max_trials: object,
     return_trials: object,
+    confirm: object = True,
 ) -> _Settings:
     def whole(value: object) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
@@ -194,11 +204,13 @@ def _check(
         raise ConfigError("max_trials", f"expected an int of 1 or more, got {max_trials!r}")
     if not isinstance(return_trials, bool):
         raise ConfigError("return_trials", f"expected True or False, got {return_trials!r}")
+    if not isinstance(confirm, bool):
+        raise ConfigError("confirm", f"expected True or False, got {confirm!r}")
     assert isinstance(device, int) and isinstance(max_trials, int)
     assert max_size is None or isinstance(max_size, int)
     checked_measure: Callable[[], int | None] | None = measure
     return _Settings(
-        start, name, device, max_size, float(margin), checked_measure, size, base, max_trials, return_trials
+        start, name, device, max_size, float(margin), checked_measure, size, base, max_trials, return_trials, confirm
     )
 
 
@@ -541,12 +553,20 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             UnimemWarning,
             stacklevel=3,
         )
+    answer, confirmations, confirmed = _confirm(step, settings, backend, trials, good)
+    if confirmed is False:
+        notes.append(
+            f"{good} ran during the search but not again after its last out-of-memory error, nor did "
+            f"{confirmations[-1].batch_size}: the pool is left fragmented (JAX's after an OOM); "
+            f"start a fresh process with batch size {good}"
+        )
+        warnings.warn(f"find_batch_size: {notes[-1]}", UnimemWarning, stacklevel=3)
     _release(backend, device, final=True)
     after = _snapshot(backend, device)
     if limit is None and settings.measure is None:
         notes.append("no memory limit known: searched by doubling and bisection, without a model")
     return BatchSizeSearch(
-        batch_size=good,
+        batch_size=answer,
         trials=tuple(trials),
         smallest_failure=bad,
         converged=converged,
@@ -559,7 +579,33 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
         before=before,
         after=after,
         notes=tuple(notes),
+        confirmations=confirmations,
+        confirmed=confirmed,
     )
+
+
+def _confirm(
+    step: Callable[[int], Any], settings: _Settings, backend: str | None, trials: list[Trial], good: int
+) -> tuple[int, tuple[Trial, ...], bool | None]:
+    """Re-run the answer when a trial failed after it ran: what fits near the limit depends
+    on the pool's history (torch's cached segments split by the failed step; JAX's pool
+    after an OOM), and the caller will run it next. If it fails, one step down by the
+    margin. Returns the answer, the re-runs, and whether one ran (None: not needed)."""
+    ran_at = max(i for i, t in enumerate(trials) if t.fits and t.batch_size == good)
+    if not settings.confirm or all(t.fits for t in trials[ran_at + 1 :]):
+        return good, (), None
+    done: list[Trial] = []
+    for size in dict.fromkeys((good, max(1, math.floor(good * (1 - settings.margin))))):
+        t0 = time.perf_counter()
+        error, _ = _attempt(step, size)
+        seconds = time.perf_counter() - t0
+        if settings.measure is not None:
+            settings.measure()  # this re-run's peak is not a point of the search
+        _release(backend, settings.device, failed=error is not None)
+        done.append(Trial(size, error is None, None, seconds, "confirm", error))
+        if error is None:
+            return size, tuple(done), True
+    return good, tuple(done), False
 
 
 @overload
@@ -576,6 +622,7 @@ def find_batch_size(
     baseline: int | str | None = ...,
     max_trials: int = ...,
     return_trials: Literal[False] = ...,
+    confirm: bool = ...,
 ) -> int: ...
 
 
@@ -593,6 +640,7 @@ def find_batch_size(
     baseline: int | str | None = ...,
     max_trials: int = ...,
     return_trials: Literal[True],
+    confirm: bool = ...,
 ) -> BatchSizeSearch: ...
 
 
@@ -610,6 +658,7 @@ def find_batch_size(
     baseline: int | str | None = ...,
     max_trials: int = ...,
     return_trials: bool = ...,
+    confirm: bool = ...,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
@@ -626,6 +675,7 @@ def find_batch_size(
     baseline: int | str | None = None,
     max_trials: int = 20,
     return_trials: bool = False,
+    confirm: bool = True,
 ) -> int | BatchSizeSearch | Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The largest batch size for which ``step(batch_size)`` runs without running out of memory.
 
@@ -649,13 +699,23 @@ def find_batch_size(
     failure and then bisects: it still finds the size, in more trials. ``limit=`` without
     any figure to hold against it is a ``ConfigError``.
 
+    Near the limit, what fits depends on the pool's history: a size that ran during the
+    search may fail after a later trial's out-of-memory error (torch's split cached
+    segments; JAX's pool after an OOM, seen on the H200 to fit only about half as much).
+    With ``confirm=True`` (the default) the answer is re-run once after the search when a
+    trial failed after it ran (not counted in ``trials``); if that fails, one size lower by
+    ``margin`` is tried and returned if it runs; if neither runs, the answer is returned
+    with a ``UnimemWarning`` and ``confirmed=False``: start a fresh process with it.
+
     ``return_trials=True`` returns a ``BatchSizeSearch`` with every trial (size, fit or
     not, peak, seconds, why it was tried) instead of the int. Without ``step`` it is a
     decorator: ``@find_batch_size(start=8)`` over ``def step(batch_size, *args)`` gives a
     function of ``*args`` that runs the search and returns its answer (also kept as
     ``.last_search``). Bad arguments raise ``ConfigError`` before any trial runs.
     """
-    settings = _check(start, backend, device, max_size, margin, measure, limit, baseline, max_trials, return_trials)
+    settings = _check(
+        start, backend, device, max_size, margin, measure, limit, baseline, max_trials, return_trials, confirm
+    )
     if step is None:
         return _decorator(settings)
     if not callable(step):

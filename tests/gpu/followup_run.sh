@@ -51,6 +51,13 @@ elif [ "$PART" = suite ]; then
     --out "$WORK/batch-jax" --machine "$MACHINE" > "$WORK/batch-jax.log" 2>&1
   timeout 70 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks torch --budget 40 --methods unimem \
     --out "$WORK/batch-torch" --machine "$MACHINE" > "$WORK/batch-torch.log" 2>&1
+elif [ "$PART" = diag ]; then
+  # After the suite part: the two find_batch_size GPU tests again (the answer now re-run
+  # after the search), and torch's benchmark search with the memory taken before its re-run.
+  (cd "$ROOT" && timeout 150 python3 tests/gpu/run_suite.py --out "$WORK/gpu-diag.json" -- -k find_batch_size) \
+    > "$WORK/suite-diag.log" 2>&1
+  timeout 60 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks torch --budget 30 --methods unimem \
+    --no-verify --out "$WORK/batch-torch" --machine "$MACHINE" > "$WORK/batch-torch.log" 2>&1
 elif [ "$PART" = observe ]; then
   # The whole suite first, so that evidence/gpu.json reflects the current code.
   (cd "$ROOT" && timeout 330 python3 tests/gpu/run_suite.py --out "$WORK/gpu.json") > "$WORK/suite.log" 2>&1
