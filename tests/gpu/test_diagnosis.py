@@ -6,6 +6,7 @@ pytest process imports no framework.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -259,7 +260,8 @@ def _check_search(search: dict[str, Any], record: Any) -> None:
     # The answer re-runs after the search's last failure, or one size lower did (near the
     # cap, what fits depends on the pool's history).
     if search["confirmations"] and search["confirmed"]:
-        assert search["batch_size"] == search["confirmations"][-1]["batch_size"] >= (1 - search["margin"]) * largest_run
+        lower = search["confirmations"][-1]["batch_size"]
+        assert search["batch_size"] == lower == max(1, math.floor((1 - search["margin"]) * largest_run))
     else:
         assert search["batch_size"] == largest_run
     assert search["model"] is not None, "no memory model: the GPU figures were not read"
