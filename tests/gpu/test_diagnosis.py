@@ -261,7 +261,8 @@ def _check_search(search: dict[str, Any], record: Any) -> None:
     # cap, what fits depends on the pool's history).
     if search["confirmations"] and search["confirmed"]:
         lower = search["confirmations"][-1]["batch_size"]
-        assert search["batch_size"] == lower == max(1, math.floor((1 - search["margin"]) * largest_run))
+        assert search["batch_size"] == lower
+        assert lower in (largest_run, max(1, math.floor((1 - search["margin"]) * largest_run)))
     else:
         assert search["batch_size"] == largest_run
     assert search["model"] is not None, "no memory model: the GPU figures were not read"
