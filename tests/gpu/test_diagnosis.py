@@ -265,9 +265,10 @@ def _check_search(search: dict[str, Any], record: Any) -> None:
         assert lower in (largest_run, max(1, math.floor((1 - search["margin"]) * largest_run)))
     else:
         assert search["batch_size"] == largest_run
-    # The GPU figures were read: every trial that fit has its peak (the model may be None
+    # The GPU figures were read: trials that fit have peaks (JAX knows none below an earlier
+    # peak; the model may be None
     # when only one size lies past a plateau; the sure bound from it steered the search).
-    assert all(t["peak"] for t in trials if t["fits"]), "no peaks: the GPU figures were not read"
+    assert sum(1 for t in trials if t["fits"] and t["peak"]) >= 2, "no peaks: the GPU figures were not read"
     assert len(trials) <= 8
     record(confirmed=search["confirmed"], confirmations=[(t["batch_size"], t["fits"]) for t in search["confirmations"]])
 
