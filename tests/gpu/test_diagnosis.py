@@ -260,7 +260,7 @@ def _check_search(search: dict[str, Any], record: Any) -> None:
     # The answer re-runs after the search's last failure, or one size lower did (near the
     # cap, what fits depends on the pool's history).
     if search["confirmations"] and search["confirmed"]:
-        lower = search["confirmations"][-1]["batch_size"]
+        lower = [t["batch_size"] for t in search["confirmations"] if t["reason"] == "confirm"][-1]
         assert search["batch_size"] == lower
         assert lower in (largest_run, max(1, math.floor((1 - search["margin"]) * largest_run)))
     else:
