@@ -153,7 +153,9 @@ class TorchBackend(Backend):
             Level.EMULATED,
             "unimem.find_batch_size: peak_allocated per trial, fitted against the cap",
             note="the cap less the pool's overhead (peak_reserved - peak_allocated) at the largest trial "
-            "that fit; empty_cache() between trials so each peak starts from a clean pool",
+            "that fit; empty_cache() between trials so each peak starts from a clean pool. Near the cap a "
+            "size that ran can fail after a later OOM (split segments): the answer is re-run, one size lower "
+            "if needed",
         ),
     }
 
