@@ -161,7 +161,9 @@ def part_readers(torch: Any, cuda: bool) -> dict[str, Any]:
     return {"us_per_call": out}
 
 
-def part_overhead(torch: Any, device: str, steps: int, repeats: int) -> dict[str, Any]:
+def part_overhead(
+    torch: Any, device: str, steps: int, repeats: int, only: tuple[str, ...] | None = None
+) -> dict[str, Any]:
     import unimem
 
     cuda = device.startswith("cuda")
@@ -188,6 +190,10 @@ def part_overhead(torch: Any, device: str, steps: int, repeats: int) -> dict[str
         "unimem_1khz_counters_100hz": lambda: unimem.monitor(0.001, "torch", framework_interval=0.01).start(),
         "unimem_1khz_nvml_only": lambda: unimem.monitor(0.001, "torch", framework_interval=None).start(),
     }
+    if only:
+        # Fewer configurations, more repeats: the paired spread shrinks with the square root
+        # of the repeats, and "none" is always kept as the pair's other half.
+        configs = {name: make for name, make in configs.items() if name == "none" or name in only}
     skipped = {name: "needs CUDA / NVML" for name, make in configs.items() if make is None}
     active = {name: make for name, make in configs.items() if make is not None}
     times: dict[str, list[float]] = {name: [] for name in active}
@@ -417,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="steps per timed run (default 300 GPU, 20 CPU)")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per configuration (default 5 GPU, 2 CPU)")
     parser.add_argument("--skip-jax", action="store_true", help="skip the JAX part")
+    parser.add_argument(
+        "--configs", default=None, help="comma-separated overhead configurations to time (default: all)"
+    )
     parser.add_argument("--machine", default=None, help="how to name this machine in the output")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -428,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if cuda else "cpu"
     steps = args.steps or (300 if cuda else 20)
     repeats = args.repeats or (5 if cuda else 2)
+    only = tuple(c.strip() for c in args.configs.split(",") if c.strip()) if args.configs else None
     result: dict[str, Any] = benchlib.header("bench_monitor", args.machine, sys.argv)
     result["cuda"] = cuda
     if not cuda:
@@ -439,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     parts: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("readers", lambda: part_readers(torch, cuda)),
-        ("overhead", lambda: part_overhead(torch, device, steps, repeats)),
+        ("overhead", lambda: part_overhead(torch, device, steps, repeats, only)),
         ("track", lambda: part_track(torch, cuda)),
         ("profile", lambda: part_profile(torch, cuda, out)),
         ("timeline", lambda: part_timeline(torch, device, out)),

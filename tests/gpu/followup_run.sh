@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The GPU work still open (issues #5 and #6, two missing compare rows) as two device calls
-# of under 10 minutes each:
-#   bash tests/gpu/followup_run.sh batch    # find_batch_size benchmark (torch and JAX side by side) + compare rows
-#   bash tests/gpu/followup_run.sh observe  # the whole GPU suite, then the monitor overhead benchmark
+# The GPU work of issues #5 and #6 as device calls of under 10 minutes each (one part per call):
+#   batch    find_batch_size benchmark, torch and JAX side by side, + JAX compare rows (session 2)
+#   batch2   JAX reference in fresh processes (too heavy in parallel: timed out) + monitor (session 2)
+#   suite    the whole GPU suite + JAX bracket check + torch search (session 2)
+#   diag     the two search tests + torch search (session 2)
+#   next     what session 2 left unverified: search tests, searches, a finer monitor run
+#   observe  the whole suite, then the monitor benchmark
 # Every output is packed into $OUT/results.tar.gz, because a device call brings back at most
 # 8 files. Unpack here with: tar -xzf <files_at>/results.tar.gz -C /tmp/gpu
 set -uo pipefail
-PART=${1:?usage: followup_run.sh batch|observe}
+PART=${1:?usage: followup_run.sh batch|batch2|suite|diag|next|observe}
 OUT=${OUT:-/tmp/unimem-out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
@@ -58,6 +61,18 @@ elif [ "$PART" = diag ]; then
     > "$WORK/suite-diag.log" 2>&1
   timeout 60 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks torch --budget 30 --methods unimem \
     --no-verify --out "$WORK/batch-torch" --machine "$MACHINE" > "$WORK/batch-torch.log" 2>&1
+elif [ "$PART" = next ]; then
+  # What session 2 left unverified on the GPU (about 6 minutes): the two search tests with
+  # confirm + settle, torch's and JAX's searches with the memory after them, and the monitor's
+  # overhead with few configurations and many repeats (to resolve 1%, not the ±10% spread).
+  (cd "$ROOT" && timeout 150 python3 tests/gpu/run_suite.py --out "$WORK/gpu-diag.json" -- -k find_batch_size) \
+    > "$WORK/suite-diag.log" 2>&1
+  timeout 60 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks torch --budget 30 --methods unimem \
+    --no-verify --out "$WORK/batch-torch" --machine "$MACHINE" > "$WORK/batch-torch.log" 2>&1
+  timeout 150 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks jax --bracket-reference \
+    --out "$WORK/batch-jax" --machine "$MACHINE" > "$WORK/batch-jax.log" 2>&1
+  timeout 200 python3 "$ROOT/benchmarks/bench_monitor.py" --out "$WORK/monitor" --repeats 60 --steps 150 --skip-jax \
+    --configs unimem_100hz,unimem_1khz,naive_memory_stats_1khz --machine "$MACHINE" > "$WORK/monitor.log" 2>&1
 elif [ "$PART" = observe ]; then
   # The whole suite first, so that evidence/gpu.json reflects the current code.
   (cd "$ROOT" && timeout 330 python3 tests/gpu/run_suite.py --out "$WORK/gpu.json") > "$WORK/suite.log" 2>&1
