@@ -23,6 +23,8 @@ How the search goes (every size tried is a real call of ``step``):
 5. Near the answer, try the smallest size whose failure would prove the largest size
    that ran is within ``margin`` of the largest that fits; stop once it is (one below
    the smallest failure, or ``max_size``).
+6. If a trial failed after the answer ran, re-run the answer (``confirm``): near the cap
+   what fits depends on the pool's history.
 
 Memory: an out-of-memory error's traceback holds the failed step's frames, and their
 tensors (the leak other batch-size finders have, DESIGN.md). A failed trial keeps only
@@ -64,7 +66,7 @@ class Trial:
     fits: bool
     peak: int | None  # bytes the trial used at its peak; None when unknown
     seconds: float
-    reason: str  # why: start, grow, halve, safe-jump, predict, predict-far, close, bisect, upper-bound
+    reason: str  # start, grow, halve, safe-jump, predict, predict-far, close, bisect, upper-bound; confirm, settle
     error: str | None = None  # the out-of-memory message's first line when it did not fit
     peak_reserved: int | None = None  # torch: the pool's peak in the same trial
 
@@ -242,9 +244,9 @@ def fit_linear(
 def _fit(
     points: list[tuple[int, int]], *, largest: int = 5, baseline: int | None = None
 ) -> tuple[tuple[float, float] | None, bool]:
-    """``fit_linear``'s model, and whether the peaks grew convexly (sizes were left out
-    because a later slope was steeper): then the model's slope is a lower bound and its
-    prediction an upper estimate, not a point one."""
+    """``fit_linear``'s model, and whether the peaks grew convexly (sizes under the
+    plateau filter were left out, or the largest lies well above the line): then the
+    model's slope is a lower bound and its prediction an upper estimate, not a point one."""
     chosen = sorted(points)[-largest:]
     # A run of equal peaks at the small end is a plateau of fixed costs: none of its
     # sizes lies on the line (a slope from its last one to the next would be too flat).
