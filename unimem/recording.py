@@ -262,7 +262,9 @@ class Recording:
         if drawn == 0 or all(s.process_used is None and s.allocated is None for s in self.samples):
             drawn += self._draw(ax, "host_rss", None, "host RSS (no GPU figures)", "-", start, scale)
         if isinstance(limit, int):
-            ax.axhline(limit / scale, color="black", linestyle="-.", linewidth=1, label=f"cap {limit / scale:.2f} {unit}")
+            ax.axhline(
+                limit / scale, color="black", linestyle="-.", linewidth=1, label=f"cap {limit / scale:.2f} {unit}"
+            )
         gaps = self.gaps
         if gaps:
             # One collection for every gap: a run with thousands of failed readings still plots fast.
