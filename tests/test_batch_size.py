@@ -332,7 +332,8 @@ class ConvexNeed(FixedPlusPerSample):
 
 def test_the_h200_benchmark_shape_takes_six_trials_from_its_start() -> None:
     # The peaks the H200 showed for benchmarks/bench_batch_size.py's torch MLP under a 2% cap
-    # (benchmarks/results/batch_size-gpu.json, first session): 1008 MB held, 235 MB of
+    # (first session: benchmarks/results/batch_size-gpu.json at commit 3609f12; the same shape
+    # in this session's benchmarks/results/batch_size-gpu-torch.json): 1008 MB held, 235 MB of
     # gradients + 12.3 kB per sample tops the activations (54.7 MB + 93.3 kB per sample) up
     # to ~2200 samples; the largest size that fit was 17408. Searching from 32, the earlier
     # search trusted the small sizes' line and took 11 trials.
