@@ -310,6 +310,7 @@ class JaxBackend(Backend):
         before_process = nvml_backend.device_figures(device)[2]
         gc.collect()  # arrays kept alive only by reference cycles
         sys.modules["jax"].clear_caches()  # compiled executables and their constants
+        gc.collect()  # executables the caches let go of may sit in cycles: their modules unload now
         after_stats = self._raw_stats(device)
         if before_stats and after_stats and "pool_bytes" in before_stats:
             given = before_stats["pool_bytes"] - after_stats.get("pool_bytes", before_stats["pool_bytes"])
