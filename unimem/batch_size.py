@@ -586,6 +586,17 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
     )
 
 
+def _rerun(step: Callable[[int], Any], settings: _Settings, backend: str | None, size: int, reason: str) -> Trial:
+    """One call of ``step`` after the search, released like a trial; its peak is no point of the fit."""
+    t0 = time.perf_counter()
+    error, _ = _attempt(step, size)
+    seconds = time.perf_counter() - t0
+    if settings.measure is not None:
+        settings.measure()  # drop this call's peak, so no later reading sees it
+    _release(backend, settings.device, failed=error is not None)
+    return Trial(size, error is None, None, seconds, reason, error)
+
+
 def _confirm(
     step: Callable[[int], Any], settings: _Settings, backend: str | None, trials: list[Trial], good: int
 ) -> tuple[int, tuple[Trial, ...], bool | None]:
@@ -599,26 +610,15 @@ def _confirm(
         return good, (), None
     done: list[Trial] = []
     for size in dict.fromkeys((good, max(1, math.floor(good * (1 - settings.margin))))):
-        t0 = time.perf_counter()
-        error, _ = _attempt(step, size)
-        seconds = time.perf_counter() - t0
-        if settings.measure is not None:
-            settings.measure()  # this re-run's peak is not a point of the search
-        _release(backend, settings.device, failed=error is not None)
-        done.append(Trial(size, error is None, None, seconds, "confirm", error))
-        if error is None:
+        done.append(_rerun(step, settings, backend, size, "confirm"))
+        if done[-1].fits:
             if settings.start < size:
                 # What the step keeps between calls (torch's gradients, set to None at the
                 # next step's start) was allocated inside the answer's large segments, which
                 # it now pins: one call at ``start`` moves it to small ones, so that the pool
                 # shrinks back to its size before the search (on the H200, 1.12 GB reserved
                 # after against 0.26 GB before, without it).
-                t0 = time.perf_counter()
-                error, _ = _attempt(step, settings.start)
-                if settings.measure is not None:
-                    settings.measure()
-                _release(backend, settings.device, failed=error is not None)
-                done.append(Trial(settings.start, error is None, None, time.perf_counter() - t0, "settle", error))
+                done.append(_rerun(step, settings, backend, settings.start, "settle"))
             return size, tuple(done), True
     return good, tuple(done), False
 
