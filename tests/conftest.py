@@ -94,6 +94,20 @@ def run_json(code: str, env: dict[str, str | None] | None = None, timeout: float
     return json.loads(lines[0][len(RESULT_MARK) :])
 
 
+_FRAMEWORK_RUNS: dict[tuple[str, str], Any] = {}
+
+
+def run_framework_script(framework: str, prelude: dict[str, str], script: str, timeout: float = 240) -> Any:
+    """``prelude[framework] + script`` (with ``FRAMEWORK`` replaced by the framework's name) run
+    once per test session in a fresh interpreter, as ``run_json``; later calls reuse its result,
+    so several tests can assert on one expensive run."""
+    code = prelude[framework] + script.replace("FRAMEWORK", repr(framework))
+    key = (framework, code)
+    if key not in _FRAMEWORK_RUNS:
+        _FRAMEWORK_RUNS[key] = run_json(code, timeout=timeout)
+    return _FRAMEWORK_RUNS[key]
+
+
 def required_frameworks() -> list[str]:
     raw = os.environ.get("UNIMEM_TEST_BACKENDS", ",".join(FRAMEWORKS))
     names = [part.strip().lower() for part in raw.split(",") if part.strip()]

@@ -19,6 +19,7 @@ import weakref
 from typing import Any
 
 import pytest
+from conftest import run_framework_script
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -119,17 +120,11 @@ except unimem.ConfigError as exc:
 emit(R)
 """
 
-_RUNS: dict[str, dict[str, Any]] = {}
-
 
 @pytest.fixture(params=["torch", "jax", "tensorflow"])
-def real(request: Any, need: Any, pyjson: Any) -> tuple[str, dict[str, Any]]:
-    framework = request.param
-    need(framework)
-    if framework not in _RUNS:
-        code = _FRAMEWORK_CODE[framework] + _SCRIPT.replace("FRAMEWORK", repr(framework))
-        _RUNS[framework] = pyjson(code, timeout=240)
-    return framework, _RUNS[framework]
+def real(request: Any, need: Any) -> tuple[str, dict[str, Any]]:
+    need(request.param)
+    return request.param, run_framework_script(request.param, _FRAMEWORK_CODE, _SCRIPT)
 
 
 def _within_margin(search: dict[str, Any], true_max: int) -> None:

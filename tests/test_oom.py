@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 import pytest
+from conftest import run_framework_script
 
 import unimem
 from unimem.oom import find_oom, framework_of, requested_bytes
@@ -158,17 +159,11 @@ R["frameworks_loaded"] = sorted(m for m in ("torch", "jax", "tensorflow") if m i
 emit(R)
 """
 
-_RUNS: dict[str, dict[str, Any]] = {}
-
 
 @pytest.fixture(params=["torch", "jax", "tensorflow"])
-def real(request: Any, need: Any, pyjson: Any) -> tuple[str, dict[str, Any]]:
-    framework = request.param
-    need(framework)
-    if framework not in _RUNS:
-        code = _FRAMEWORK_CODE[framework] + _SCRIPT.replace("FRAMEWORK", repr(framework))
-        _RUNS[framework] = pyjson(code, timeout=240)
-    return framework, _RUNS[framework]
+def real(request: Any, need: Any) -> tuple[str, dict[str, Any]]:
+    need(request.param)
+    return request.param, run_framework_script(request.param, _FRAMEWORK_CODE, _SCRIPT)
 
 
 _OOM_TYPES = {
