@@ -145,24 +145,19 @@ def targets(us: dict[str, float], live: dict[str, bool]) -> dict[str, Any]:
     def get(name: str) -> float | None:
         return us.get(name)
 
-    out: dict[str, Any] = {}
-    ours, native = get("unimem.stats('torch')"), get("torch.cuda.memory_stats()")
-    entry: dict[str, Any] = {"text": "unimem.stats('torch') <= 0.5 x torch.cuda.memory_stats()"}
-    if ours is not None and native and live["torch"]:
-        entry.update(ratio=round(ours / native, 3), met=ours <= 0.5 * native)
-    else:
-        entry.update(met=None, why="no CUDA device here: not comparable")
-    out["stats_torch"] = entry
+    def against_torch(call: str) -> dict[str, Any]:
+        ours, native = get(call), get("torch.cuda.memory_stats()")
+        entry: dict[str, Any] = {"text": f"{call} <= 0.5 x torch.cuda.memory_stats()"}
+        if ours is not None and native and live["torch"]:
+            entry.update(ratio=round(ours / native, 3), met=ours <= 0.5 * native)
+        else:
+            entry.update(met=None, why="no CUDA device here: not comparable")
+        return entry
 
+    out: dict[str, Any] = {"stats_torch": against_torch("unimem.stats('torch')")}
     # The same fields torch.cuda.memory_stats() gives (the allocator's own counters),
     # without NVML's device and per-process queries.
-    ours, native = get("unimem.stats('torch', nvml=False)"), get("torch.cuda.memory_stats()")
-    entry = {"text": "unimem.stats('torch', nvml=False) <= 0.5 x torch.cuda.memory_stats()"}
-    if ours is not None and native and live["torch"]:
-        entry.update(ratio=round(ours / native, 3), met=ours <= 0.5 * native)
-    else:
-        entry.update(met=None, why="no CUDA device here: not comparable")
-    out["stats_torch_allocator_only"] = entry
+    out["stats_torch_allocator_only"] = against_torch("unimem.stats('torch', nvml=False)")
 
     ours, native = get("unimem.stats('jax')"), get("jax Device.memory_stats()")
     entry = {"text": "unimem.stats('jax') within 3 us of Device.memory_stats()"}
