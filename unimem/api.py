@@ -270,6 +270,12 @@ def in_use() -> list[str]:
     return list(_configured) or started or imported
 
 
+def _ambiguous(candidates: list[str]) -> ConfigError:
+    """The error for ``backend=None`` while several frameworks are in use: unimem never guesses."""
+    which = " and ".join(candidates) + (" are both" if len(candidates) == 2 else " are all")
+    return ConfigError("backend", f"{which} in use in this process; pass backend= one of them")
+
+
 def _resolve_query(backend: str | None) -> str:
     if backend is not None:
         return registry.canonical_name(backend)
@@ -277,10 +283,7 @@ def _resolve_query(backend: str | None) -> str:
     if len(candidates) == 1:
         return candidates[0]
     if len(candidates) > 1:
-        raise ConfigError(
-            "backend",
-            f"{' and '.join(candidates)} are all in use in this process; pass backend= one of them",
-        )
+        raise _ambiguous(candidates)
     if "nvml" in registry.available_backends():
         return "nvml"
     raise BackendUnavailable(

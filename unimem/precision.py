@@ -98,16 +98,14 @@ def _resolve_backend(backend: object) -> str:
     """The framework a policy is for; never guesses between several and imports nothing."""
     if backend is not None:
         return registry.canonical_name(backend)
-    from .api import in_use
+    from .api import _ambiguous, in_use
 
     # The same rule as stats(): configured, else started, else imported.
     candidates = [name for name in in_use() if name in registry.FRAMEWORKS]
     if len(candidates) == 1:
         return candidates[0]
     if candidates:
-        raise ConfigError(
-            "backend", f"{' and '.join(candidates)} are all in use in this process; pass backend= one of them"
-        )
+        raise _ambiguous(candidates)
     raise ConfigError(
         "backend",
         "no framework is configured or imported yet, so there is nothing to set a precision for; "
