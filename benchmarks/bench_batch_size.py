@@ -57,6 +57,7 @@ sys.path.insert(0, str(HERE))
 import benchlib  # noqa: E402
 
 MARK = "UNIMEM_BENCH_RESULT "
+TRIAL_MARK = "UNIMEM_BENCH_TRIAL "
 # Most telling first: when --budget runs out, the later ones are skipped.
 METHODS = ("unimem", "lightning-binsearch", "accelerate-high", "lightning-power", "accelerate-128")
 TARGET_SHARE, TARGET_TRIALS, TARGET_MEMORY = 0.95, 6, 0.01
@@ -344,12 +345,14 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     trials: list[list[Any]] = []
 
     def recorded(n: int) -> None:
+        t0, ok = time.perf_counter(), False
         try:
             workload.step(n)
-        except BaseException:
-            trials.append([n, False])
-            raise
-        trials.append([n, True])
+            ok = True
+        finally:
+            trials.append([n, ok])
+            # One line per trial as it ends: what a search killed by its timeout had done.
+            print(TRIAL_MARK + json.dumps([n, ok, time.perf_counter() - t0]), flush=True)
 
     if method == "verify":
         workload.step(1)  # the same warm-up as every search: optimizer state exists before the peak
@@ -426,8 +429,13 @@ def _run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
             timeout=timeout,
             env=env,
         )
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        done_trials = [json.loads(line[len(TRIAL_MARK) :]) for line in out.splitlines() if line.startswith(TRIAL_MARK)]
+        return {
+            "error": f"timed out after {timeout:.0f} s",
+            "trials_before_timeout": [[n, ok, round(seconds, 3)] for n, ok, seconds in done_trials],
+        }
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(MARK):
             result: dict[str, Any] = json.loads(line[len(MARK) :])
@@ -527,13 +535,20 @@ def bench(
     fresh: bool = False,
     methods: tuple[str, ...] = METHODS,
     bracket: bool = False,
+    known: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     base = {"framework": framework, "mode": mode, **settings}
     out: dict[str, Any] = {}
     remaining = deadline - time.perf_counter()
     if bracket:
         return bracket_reference(base)
-    if fresh:
+    if known is not None:
+        # A bracket measured before in fresh processes (JAX: an exhaustive search costs
+        # ~10 s per failing trial). Shares are taken against its upper end: lower bounds.
+        low, high = known
+        reference = {"method": "given (--known-largest): measured before in fresh processes", "bracket": [low, high]}
+        verify = False
+    elif fresh:
         reference = fresh_reference(base)
         verify = False  # every probe already ran in a fresh process
     else:
@@ -541,7 +556,7 @@ def bench(
     out["reference"] = reference
     if "error" in reference:
         return out
-    true_max = int(reference["found"])
+    true_max = int(reference["bracket"][1] if known is not None else reference["found"])
     out["true_largest"] = true_max
     high_start = 1 << math.ceil(math.log2(2 * true_max))
     for method in methods:
@@ -553,7 +568,9 @@ def bench(
         run = _run_child({**base, "method": method, "accelerate_start": start}, timeout=max(30.0, remaining))
         if "error" not in run:
             run["trial_count"] = len(run["trials"]) - len(run.get("confirmations", []))  # re-runs of the answer apart
-            run["share_of_true_largest"] = run["found"] / true_max
+            run["share_of_true_largest" if known is None else "share_of_true_largest_at_least"] = (
+                run["found"] / true_max
+            )
             run["memory"] = _memory(run)
             if method.startswith("accelerate"):
                 run["start"] = start
@@ -651,6 +668,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--methods", default=",".join(METHODS), help="the searches to run against the reference, in this order"
     )
+    parser.add_argument(
+        "--known-largest",
+        default=None,
+        help="LOW:HIGH, the true largest's bracket from an earlier fresh-process check: no reference search",
+    )
     parser.add_argument("--no-verify", action="store_true", help="skip re-checking N and N+1 in fresh processes")
     parser.add_argument("--cpu", action="store_true", help="CPU-simulated mode even where a GPU is present")
     parser.add_argument("--machine", default=None)
@@ -696,6 +718,10 @@ def main(argv: list[str] | None = None) -> int:
             "past a simulated cap; unimem gets the need through measure= (the CPU keeps no allocator figures). "
             "The real-model comparison under a GPU cap needs a GPU."
         )
+    known = None
+    if args.known_largest:
+        low, _, high = args.known_largest.partition(":")
+        known = (int(low), int(high or low))
     frameworks: dict[str, Any] = {}
     for framework in [f.strip() for f in args.frameworks.split(",") if f.strip()]:
         missing = _framework_available(framework)
@@ -712,6 +738,7 @@ def main(argv: list[str] | None = None) -> int:
             fresh=args.fresh_reference,
             bracket=args.bracket_reference,
             methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+            known=known,
         )
     result["frameworks"] = frameworks
     out = Path(args.out)

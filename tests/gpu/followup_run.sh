@@ -6,10 +6,14 @@
 #   diag     the two search tests + torch search (session 2)
 #   next     what session 2 left unverified: search tests, searches, a finer monitor run
 #   observe  the whole suite, then the monitor benchmark
+#   s3       session 3: search tests + searches (as next), JAX's baselines, OOM latency
+#   s3b      after s3: the same with the leak accounting and torch's settle hook, the XLA
+#            leak reproduced alone, OOM latency again (s3's cap was read too early), and
+#            accelerate in JAX with its trials kept when it times out
 # Every output is packed into $OUT/results.tar.gz, because a device call brings back at most
 # 8 files. Unpack here with: tar -xzf <files_at>/results.tar.gz -C /tmp/gpu
 set -uo pipefail
-PART=${1:?usage: followup_run.sh batch|batch2|suite|diag|next|observe}
+PART=${1:?usage: followup_run.sh batch|batch2|suite|diag|next|observe|s3|s3b}
 OUT=${OUT:-/tmp/unimem-out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
@@ -20,6 +24,14 @@ python3 -m pip list 2>/dev/null | grep -iE '^(torch|jax|jaxlib|jax-cuda13.*|nvid
 python3 -m pip install -q --no-deps --no-build-isolation . > "$WORK/install.log" 2>&1
 cd /tmp || exit 1
 MACHINE="nvidia-h200 (device tool)"
+
+# The two find_batch_size GPU tests (limit: $1 seconds), then torch's benchmark search alone.
+search_tests_then_torch_search() {
+  (cd "$ROOT" && timeout "$1" python3 tests/gpu/run_suite.py --out "$WORK/gpu-diag.json" -- -k find_batch_size) \
+    > "$WORK/suite-diag.log" 2>&1
+  timeout 60 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks torch --budget 30 --methods unimem \
+    --no-verify --out "$WORK/batch-torch" --machine "$MACHINE" > "$WORK/batch-torch.log" 2>&1
+}
 if [ "$PART" = batch ]; then
   # Issue 5. Each framework in its own processes under its own 2% cap (about 3 GB of 140 GB),
   # so the two run side by side without sharing memory; wall times are indicative only.
@@ -57,22 +69,46 @@ elif [ "$PART" = suite ]; then
 elif [ "$PART" = diag ]; then
   # After the suite part: the two find_batch_size GPU tests again (the answer now re-run
   # after the search), and torch's benchmark search with the memory taken before its re-run.
-  (cd "$ROOT" && timeout 150 python3 tests/gpu/run_suite.py --out "$WORK/gpu-diag.json" -- -k find_batch_size) \
-    > "$WORK/suite-diag.log" 2>&1
-  timeout 60 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks torch --budget 30 --methods unimem \
-    --no-verify --out "$WORK/batch-torch" --machine "$MACHINE" > "$WORK/batch-torch.log" 2>&1
+  search_tests_then_torch_search 150
 elif [ "$PART" = next ]; then
   # What session 2 left unverified on the GPU (about 6 minutes): the two search tests with
   # confirm + settle, torch's and JAX's searches with the memory after them, and the monitor's
   # overhead with few configurations and many repeats (to resolve 1%, not the ±10% spread).
-  (cd "$ROOT" && timeout 150 python3 tests/gpu/run_suite.py --out "$WORK/gpu-diag.json" -- -k find_batch_size) \
-    > "$WORK/suite-diag.log" 2>&1
-  timeout 60 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks torch --budget 30 --methods unimem \
-    --no-verify --out "$WORK/batch-torch" --machine "$MACHINE" > "$WORK/batch-torch.log" 2>&1
+  search_tests_then_torch_search 150
   timeout 150 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks jax --bracket-reference \
     --out "$WORK/batch-jax" --machine "$MACHINE" > "$WORK/batch-jax.log" 2>&1
   timeout 200 python3 "$ROOT/benchmarks/bench_monitor.py" --out "$WORK/monitor" --repeats 60 --steps 150 --skip-jax \
     --configs unimem_100hz,unimem_1khz,naive_memory_stats_1khz --machine "$MACHINE" > "$WORK/monitor.log" 2>&1
+elif [ "$PART" = s3 ]; then
+  # Three streams side by side, each framework's processes under their own 2% cap (wall
+  # times indicative only): (a) the two search tests, then torch's search; (b) JAX's search
+  # bracketed in fresh processes, then the cost of one OOM per framework; (c) JAX's two
+  # missing baselines against the fresh-process bracket of session 2 (15617 ran, 16439 failed).
+  search_tests_then_torch_search 170 &
+  (
+    timeout 170 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks jax --bracket-reference \
+      --out "$WORK/batch-jax" --machine "$MACHINE" > "$WORK/batch-jax.log" 2>&1
+    timeout 200 python3 "$ROOT/benchmarks/bench_oom_latency.py" --frameworks torch,jax --out "$WORK/oom" \
+      --machine "$MACHINE" > "$WORK/oom.log" 2>&1
+  ) &
+  timeout 400 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks jax --known-largest 15617:16438 \
+    --methods lightning-power,accelerate-high --budget 380 --out "$WORK/batch-jax-baselines" --machine "$MACHINE" \
+    > "$WORK/batch-jax-baselines.log" 2>&1 &
+  wait
+elif [ "$PART" = s3b ]; then
+  search_tests_then_torch_search 170 &
+  (
+    timeout 150 python3 "$ROOT/benchmarks/scripts/jax_failed_execution_leak.py" > "$WORK/jax-leak.json" \
+      2> "$WORK/jax-leak.log"
+    timeout 150 python3 "$ROOT/benchmarks/bench_oom_latency.py" --frameworks torch,jax --out "$WORK/oom" \
+      --machine "$MACHINE" > "$WORK/oom.log" 2>&1
+  ) &
+  timeout 170 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks jax --bracket-reference \
+    --out "$WORK/batch-jax" --machine "$MACHINE" > "$WORK/batch-jax.log" 2>&1 &
+  timeout 420 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks jax --known-largest 15617:16438 \
+    --methods accelerate-high --budget 400 --out "$WORK/batch-jax-accelerate" --machine "$MACHINE" \
+    > "$WORK/batch-jax-accelerate.log" 2>&1 &
+  wait
 elif [ "$PART" = observe ]; then
   # The whole suite first, so that evidence/gpu.json reflects the current code.
   (cd "$ROOT" && timeout 330 python3 tests/gpu/run_suite.py --out "$WORK/gpu.json") > "$WORK/suite.log" 2>&1
