@@ -7,11 +7,13 @@ otherwise start CUDA itself (and fix the allocator settings) at configure time.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
 import threading
 import types
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 from unimem.config import Settings
@@ -34,7 +36,7 @@ from .base import (
     when_imported,
 )
 
-__all__ = ["TorchBackend"]
+__all__ = ["TorchBackend", "at_first_forward", "cache_emptied_at_first_forward"]
 
 # Left free when preallocating without a cap: cuBLAS/cuDNN handles and kernels
 # loaded later take device memory outside the caching allocator.
@@ -577,3 +579,44 @@ class TorchBackend(Backend):
         with torch.cuda.device(device):
             torch.cuda.empty_cache()
         return max(0, before - torch.cuda.memory_reserved(device))
+
+
+@contextlib.contextmanager
+def at_first_forward(action: Callable[[], object]) -> Iterator[None]:
+    """Within: ``action()`` runs once, when the first ``nn.Module`` forward starts (a global
+    forward pre-hook, removed on exit). Nothing runs if torch is not imported or no module runs."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    fired = False
+
+    def hook(module: Any, args: Any) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            action()
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def cache_emptied_at_first_forward(device: int = 0) -> contextlib.AbstractContextManager[None]:
+    """Within: the CUDA cache is emptied once, as the first module's forward starts.
+
+    A training step that sets its gradients to None first (``zero_grad()``'s default) holds
+    none there: the segments they pinned go back to the device, and backward allocates the
+    new gradients in segments of their own size. Emptying the cache before the step cannot
+    do this: the old gradients still live in the large segments of the largest batch."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return contextlib.nullcontext()
+
+    def empty() -> None:
+        with torch.cuda.device(device):
+            torch.cuda.empty_cache()
+
+    return at_first_forward(empty)

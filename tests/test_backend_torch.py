@@ -358,3 +358,33 @@ def test_no_warning_for_pending_torch_settings():
         warnings.simplefilter("error")
         applied = unimem.configure(backend="torch", allocator="async", fraction=0.5, devices=[0])
     assert applied.pending and not applied.skipped
+
+
+def test_at_first_forward_runs_once_when_the_gradients_are_gone(pyjson: Any) -> None:
+    # find_batch_size's settle call empties torch's cache this way: at the first forward of
+    # a step that set its gradients to None, so that the new ones leave the large segments.
+    events = pyjson(
+        """
+        import torch
+        from unimem.backends import torch_backend
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+        events = []
+        def step():
+            model.zero_grad(set_to_none=True)
+            events.append("zero_grad")
+            model(torch.ones(2, 4)).sum().backward()
+            events.append("backward")
+        def action():
+            gone = all(p.grad is None for p in model.parameters())
+            events.append("action, gradients None" if gone else "action")
+        step()  # gradients exist from here on, as in a training loop
+        events.clear()
+        with torch_backend.at_first_forward(action):
+            step()
+            step()
+        step()  # the hook is gone after the block
+        events.append(len(torch.nn.modules.module._global_forward_pre_hooks))
+        emit(events)
+        """
+    )
+    assert events == ["zero_grad", "action, gradients None", "backward"] + ["zero_grad", "backward"] * 2 + [0]

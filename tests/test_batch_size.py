@@ -548,3 +548,61 @@ def test_no_warning_on_a_normal_search() -> None:
         warnings.simplefilter("error")
         step = Need(0, 3, 3000)
         assert unimem.find_batch_size(step, start=4, margin=0.0) == 1000
+
+
+class LeakyPool:
+    """A framework's pool as ``stats()`` reports it, where a failed step keeps its outputs in
+    use (what XLA did on the H200: a failed execution's output buffers are never freed)."""
+
+    def __init__(self, state: int, per_sample: int, cap: int) -> None:
+        self.state, self.per_sample, self.cap = state, per_sample, cap
+        self.in_use = state  # parameters and optimizer state, live before the search
+        self.peak = state
+        self.calls: list[int] = []
+
+    def step(self, n: int) -> None:
+        self.calls.append(n)
+        need = self.state + self.per_sample * n  # new state (the outputs) + activations
+        if self.in_use + need > self.cap:
+            self.in_use += self.state  # the outputs, allocated before the failing buffer
+            raise MemoryError(f"RESOURCE_EXHAUSTED: out of memory allocating {need} bytes")
+        self.peak = max(self.peak, self.in_use + need)
+
+    def stats(self, backend: str | None = None, device: int = 0, **_: Any) -> unimem.MemoryStats:
+        return unimem.MemoryStats(
+            backend="jax", device=device, allocated=self.in_use, peak_allocated=self.peak, limit=self.cap
+        )
+
+    def reset_peak(self, backend: str | None = None, device: int = 0) -> None:
+        self.peak = self.in_use
+
+    def clear_cache(self, backend: str | None = None, device: int = 0) -> int:
+        return 0
+
+
+def test_memory_a_failed_trial_leaves_in_use_is_measured_reported_and_avoided(monkeypatch: Any) -> None:
+    from unimem import api
+
+    pool = LeakyPool(state=700, per_sample=1, cap=3000)  # fresh process: 1600 fits, 1601 does not
+    for name in ("stats", "reset_peak", "clear_cache"):
+        monkeypatch.setattr(api, name, getattr(pool, name))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        search = unimem.find_batch_size(pool.step, start=32, backend="jax", return_trials=True)
+    failed = [t for t in search.trials if not t.fits]
+    assert failed and all(t.kept == 700 for t in failed)  # each failure: one copy of the outputs
+    assert all(t.kept is None for t in search.trials if t.fits)
+    assert search.batch_size >= 0.95 * 1600 and search.smallest_failure is not None
+    # One failure, and no re-run of the answer: its peak no longer fits beside the kept
+    # bytes, and each failure costs seconds (and in JAX more memory).
+    assert len(failed) == 1 and search.confirmations == ()
+    assert pool.calls == [t.batch_size for t in search.trials]
+    note = next(n for n in search.notes if "stayed in use" in n)
+    assert f"{len(failed)} failed trial(s)" in note and "XLA" in note and "fresh one" in note
+    assert "stayed in use" in str(search) or "left in use" in str(search)
+    # The answer cannot run again in this process: a warning says so and what to do.
+    assert search.confirmed is False
+    assert any(f"start a fresh process with batch size {search.batch_size}" in str(w.message) for w in caught)
+    assert "beside the 700 B the failed trials left in use" in search.notes[-1]
+    with pytest.raises(MemoryError):  # as the search said: the answer no longer runs here
+        pool.step(search.batch_size)

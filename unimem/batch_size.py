@@ -34,6 +34,7 @@ a line of text: its frames are cleared inside the ``except``, and collection and
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import math
@@ -69,6 +70,9 @@ class Trial:
     reason: str  # start, grow, halve, safe-jump, predict, predict-far, close, bisect, upper-bound; confirm, settle
     error: str | None = None  # the out-of-memory message's first line when it did not fit
     peak_reserved: int | None = None  # torch: the pool's peak in the same trial
+    # After a failure: bytes still in use once it was released, above those in use before
+    # it (JAX: XLA does not free a failed execution's output buffers). None: not read.
+    kept: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,7 @@ class BatchSizeSearch:
             )
         for t in self.trials:
             peak = f", peak {format_bytes(t.peak)}" if t.peak is not None else ""
+            peak += f", {format_bytes(t.kept)} left in use" if t.kept else ""
             lines.append(
                 f"  {t.batch_size:>8}  {'fits' if t.fits else 'OOM ':<4}  {t.reason:<11} {t.seconds:.3f} s{peak}"
             )
@@ -466,13 +471,16 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
 
     trials: list[Trial] = []
     points: list[tuple[int, int]] = []
+    kept_total = 0
     good, bad = 0, None
     size, reason = settings.start, "start"
     last_oom: BaseException | None = None
     model: tuple[float, float] | None = None
     while True:
+        in_use = None
         if settings.measure is None and backend is not None:
             api.reset_peak(backend, device)
+            in_use = api.stats(backend, device).allocated
         t0 = time.perf_counter()
         error, last_oom = _attempt(step, size)
         seconds = time.perf_counter() - t0
@@ -488,7 +496,12 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
                 if backend == "torch" and peak is not None and peak_reserved is not None and size > good:
                     overhead = max(0, peak_reserved - peak)
         _release(backend, device, failed=error is not None)  # outside the except block: the frames are gone
-        trials.append(Trial(size, error is None, peak, seconds, reason, error, peak_reserved))
+        kept = None
+        if error is not None and in_use is not None:
+            now = api.stats(backend, device).allocated
+            kept = None if now is None else max(0, now - in_use)
+            kept_total += kept or 0
+        trials.append(Trial(size, error is None, peak, seconds, reason, error, peak_reserved, kept))
 
         if backend is None and settings.backend is None and len(trials) == 1:
             # The first trial may have imported the framework: read its figures from now on.
@@ -529,7 +542,9 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             assert bad is not None
             size, reason = max(1, bad // 2), "halve"
             continue
-        usable = None if limit is None else limit - overhead
+        # What failed trials left in use is lost to every later trial (peaks measured after
+        # it include it too: both err on the safe side).
+        usable = None if limit is None else limit - overhead - kept_total
         size, reason = _next_size(
             good,
             bad,
@@ -555,13 +570,30 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             UnimemWarning,
             stacklevel=3,
         )
-    answer, confirmations, confirmed = _confirm(step, settings, backend, trials, good)
-    if confirmed is False:
+    kept_note = _kept_note(backend, trials, limit)
+    if kept_note:
+        notes.append(kept_note)
+    ran = max((t for t in trials if t.fits and t.batch_size == good), key=lambda t: t.peak or 0)
+    answer, confirmed = good, None
+    confirmations: tuple[Trial, ...] = ()
+    if settings.confirm and limit is not None and kept_total and ran.peak and ran.peak + kept_total > limit:
+        # Its peak no longer fits beside what the failures left: re-running it (and one
+        # size lower) would fail again, each failure costing seconds and, in JAX, more memory.
+        confirmed = False
         notes.append(
-            f"{good} ran during the search but not again after its last out-of-memory error, nor did "
-            f"{confirmations[-1].batch_size}: the pool is left fragmented (JAX's after an OOM); "
+            f"{good} ran during the search (peak {format_bytes(ran.peak)}) but cannot run again in this process "
+            f"beside the {format_bytes(kept_total)} the failed trials left in use (limit {format_bytes(limit)}); "
             f"start a fresh process with batch size {good}"
         )
+    else:
+        answer, confirmations, confirmed = _confirm(step, settings, backend, trials, good)
+        if confirmed is False:
+            why = "the failed trials left memory in use (above)" if kept_note else "the pool is left fragmented"
+            notes.append(
+                f"{good} ran during the search but not again after its last out-of-memory error, nor did "
+                f"{confirmations[-1].batch_size}: {why}; start a fresh process with batch size {good}"
+            )
+    if confirmed is False:
         warnings.warn(f"find_batch_size: {notes[-1]}", UnimemWarning, stacklevel=3)
     _release(backend, device, final=True)
     after = _snapshot(backend, device)
@@ -586,6 +618,25 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
     )
 
 
+def _kept_note(backend: str | None, trials: list[Trial], limit: int | None) -> str | None:
+    """What the failed trials left in use, when it is worth saying (over 1% of the limit)."""
+    failed = [t for t in trials if t.kept]
+    total = sum(t.kept or 0 for t in failed)
+    if not failed or (limit and total < 0.01 * limit):
+        return None
+    cause = (
+        "XLA does not free a failed execution's output buffers, which stay in use until the process ends"
+        if backend == "jax"
+        else "something still references what the failed steps allocated (gradients set in a failed backward, "
+        "a caught exception, a list of outputs)"
+    )
+    return (
+        f"{format_bytes(total)} stayed in use after {len(failed)} failed trial(s) "
+        f"({', '.join(f'{t.batch_size}: {format_bytes(t.kept or 0)}' for t in failed)}): {cause}; "
+        "this process now fits less than a fresh one"
+    )
+
+
 def _rerun(step: Callable[[int], Any], settings: _Settings, backend: str | None, size: int, reason: str) -> Trial:
     """One call of ``step`` after the search, released like a trial; its peak is no point of the fit."""
     t0 = time.perf_counter()
@@ -595,6 +646,16 @@ def _rerun(step: Callable[[int], Any], settings: _Settings, backend: str | None,
         settings.measure()  # drop this call's peak, so no later reading sees it
     _release(backend, settings.device, failed=error is not None)
     return Trial(size, error is None, None, seconds, reason, error)
+
+
+def _settling(backend: str | None, device: int) -> contextlib.AbstractContextManager[None]:
+    """torch: empty the cache as the settle call's forward starts (its gradients are None
+    there), so the new ones land in small segments; elsewhere nothing."""
+    if backend != "torch":
+        return contextlib.nullcontext()
+    from unimem.backends.torch_backend import cache_emptied_at_first_forward
+
+    return cache_emptied_at_first_forward(device)
 
 
 def _confirm(
@@ -615,10 +676,12 @@ def _confirm(
             if settings.start < size:
                 # What the step keeps between calls (torch's gradients, set to None at the
                 # next step's start) was allocated inside the answer's large segments, which
-                # it now pins: one call at ``start`` moves it to small ones, so that the pool
-                # shrinks back to its size before the search (on the H200, 1.12 GB reserved
-                # after against 0.26 GB before, without it).
-                done.append(_rerun(step, settings, backend, settings.start, "settle"))
+                # it now pins: one call at ``start``, with the cache emptied as its forward
+                # starts, moves it to small ones, so that the pool shrinks back to its size
+                # before the search (on the H200: 1.12 GB reserved after against 0.26 GB
+                # before without the call; 0.64 GB with it but without emptying the cache).
+                with _settling(backend, settings.device):
+                    done.append(_rerun(step, settings, backend, settings.start, "settle"))
             return size, tuple(done), True
     return good, tuple(done), False
 

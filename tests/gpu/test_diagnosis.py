@@ -161,6 +161,10 @@ search = unimem.find_batch_size(step, start=32, return_trials=True)
 R["search"] = search.as_dict()
 R["in_use_before"], R["in_use_after"] = in_use_before, unimem.stats("jax").allocated
 R["process_before"], R["process_after"] = process_before, unimem.stats("jax").process_used
+import gc
+jax.clear_caches(); gc.collect()  # what of the growth outside the pool compiled steps hold
+R["process_after_clear_caches"] = unimem.stats("jax").process_used
+R["live_arrays"] = [[list(a.shape), a.nbytes] for a in jax.live_arrays()]
 if search.confirmed is not False:  # False: it warned that the answer no longer runs here
     step(search.batch_size)
     R["reran"] = True
@@ -251,6 +255,9 @@ def _check_search(search: dict[str, Any], record: Any) -> None:
         smallest_failure=search["smallest_failure"],
         seconds=search["seconds"],
         sizes=[t["batch_size"] for t in trials],
+        reasons=[t["reason"] for t in trials],
+        kept=[t["kept"] for t in trials if not t["fits"]],
+        notes=search["notes"],
     )
     assert search["converged"] is True
     assert search["smallest_failure"] is not None
@@ -293,6 +300,8 @@ def test_jax_find_batch_size_under_a_cap(record: Any) -> None:
         in_use_after=r["in_use_after"],
         process_before=r["process_before"],
         process_after=r["process_after"],
+        process_after_clear_caches=r["process_after_clear_caches"],
+        live_array_bytes=sum(n for _, n in r["live_arrays"]),
     )
     # The answer runs again in this process, or the search said it does not (JAX's pool
     # after an OOM) with what to do; either way the process holds no more than before
