@@ -10,10 +10,12 @@
 #   s3b      after s3: the same with the leak accounting and torch's settle hook, the XLA
 #            leak reproduced alone, OOM latency again (s3's cap was read too early), and
 #            accelerate in JAX with its trials kept when it times out
+#   s3c      the whole suite (evidence/gpu.json), beside NVML read after every trial of the
+#            JAX search test's model, with its step's key constant and passed in
 # Every output is packed into $OUT/results.tar.gz, because a device call brings back at most
 # 8 files. Unpack here with: tar -xzf <files_at>/results.tar.gz -C /tmp/gpu
 set -uo pipefail
-PART=${1:?usage: followup_run.sh batch|batch2|suite|diag|next|observe|s3|s3b}
+PART=${1:?usage: followup_run.sh batch|batch2|suite|diag|next|observe|s3|s3b|s3c}
 OUT=${OUT:-/tmp/unimem-out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
@@ -108,6 +110,13 @@ elif [ "$PART" = s3b ]; then
   timeout 420 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks jax --known-largest 15617:16438 \
     --methods accelerate-high --budget 400 --out "$WORK/batch-jax-accelerate" --machine "$MACHINE" \
     > "$WORK/batch-jax-accelerate.log" 2>&1 &
+  wait
+elif [ "$PART" = s3c ]; then
+  (cd "$ROOT" && timeout 420 python3 tests/gpu/run_suite.py --out "$WORK/gpu.json") > "$WORK/suite.log" 2>&1 &
+  for variant in constant-key key-argument; do
+    timeout 200 python3 "$ROOT/benchmarks/scripts/jax_search_process_growth.py" --variant "$variant" \
+      > "$WORK/growth-$variant.json" 2> "$WORK/growth-$variant.log" &
+  done
   wait
 elif [ "$PART" = observe ]; then
   # The whole suite first, so that evidence/gpu.json reflects the current code.
