@@ -306,6 +306,10 @@ def test_jax_find_batch_size_under_a_cap(record: Any) -> None:
     # The answer runs again in this process, or the search said it does not (JAX's pool
     # after an OOM) with what to do; either way the process holds no more than before
     # (NVML: the pool, the measure; XLA's bytes in use are recorded above).
+    # What the failed trials left in use (XLA keeps a failed execution's outputs) is what
+    # the search reports: the bytes in use after it, less those before.
+    kept = sum(t["kept"] or 0 for t in r["search"]["trials"] if not t["fits"])
+    assert abs((r["in_use_after"] - r["in_use_before"]) - kept) <= 1 << 20
     if r["search"]["confirmed"] is False:
         assert any("fresh process" in note for note in r["search"]["notes"])
     else:
