@@ -30,7 +30,7 @@ import jax.numpy as jnp  # noqa: E402
 sizes = [1024, 2048, 2048, 1024]
 keys = jax.random.split(jax.random.PRNGKey(0), len(sizes))
 params = [
-    (jax.random.normal(k, (a, b)) / a**0.5, jnp.zeros(b)) for k, a, b in zip(keys, sizes[:-1], sizes[1:], strict=True)
+    (jax.random.normal(k, (a, b)) / a**0.5, jnp.zeros(b)) for k, a, b in zip(keys, sizes[:-1], sizes[1:], strict=False)
 ]
 
 

@@ -112,7 +112,8 @@ elif [ "$PART" = s3b ]; then
     > "$WORK/batch-jax-accelerate.log" 2>&1 &
   wait
 elif [ "$PART" = s3c ]; then
-  (cd "$ROOT" && timeout 420 python3 tests/gpu/run_suite.py --out "$WORK/gpu.json") > "$WORK/suite.log" 2>&1 &
+  [ "${NO_SUITE:-}" ] || (cd "$ROOT" && timeout 420 python3 tests/gpu/run_suite.py --out "$WORK/gpu.json") \
+    > "$WORK/suite.log" 2>&1 &
   for variant in constant-key key-argument; do
     timeout 200 python3 "$ROOT/benchmarks/scripts/jax_search_process_growth.py" --variant "$variant" \
       > "$WORK/growth-$variant.json" 2> "$WORK/growth-$variant.log" &
