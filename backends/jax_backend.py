@@ -147,9 +147,11 @@ class JaxBackend(Backend):
             Level.EMULATED,
             "unimem.find_batch_size: peak_bytes_in_use per trial, fitted against bytes_limit",
             note="XLA cannot reset its peak: a trial smaller than an earlier one adds no point to the fit; "
-            "jax.clear_caches() once at the end drops the trials' compiled steps. After an OOM, the same "
-            "process fitted about half as much on the H200 (15617 fresh, 8192 after): the answer is re-run "
-            "and a warning says to start a fresh process when it no longer runs",
+            "jax.clear_caches() once at the end drops the trials' compiled steps. Each failed trial costs "
+            "about 10 s (XLA's allocator waits for memory before it fails) and keeps the step's outputs in "
+            "use for good (XLA does not free a failed execution's output buffers; 0 with donated inputs, "
+            "H200): the search measures what stays, holds it against the cap, reports it, and says to start "
+            "a fresh process when the answer no longer fits beside it",
         ),
     }
 

@@ -157,7 +157,8 @@ class TorchBackend(Backend):
             note="the cap less the pool's overhead (peak_reserved - peak_allocated) at the largest trial "
             "that fit; empty_cache() between trials so each peak starts from a clean pool. Near the cap a "
             "size that ran can fail after a later OOM (split segments): the answer is re-run, one size lower "
-            "if needed",
+            "if needed, then one call at start with the cache emptied as its forward starts (the gradients "
+            "leave the large segments)",
         ),
     }
 
