@@ -606,3 +606,43 @@ def test_memory_a_failed_trial_leaves_in_use_is_measured_reported_and_avoided(mo
     assert "beside the 700 B the failed trials left in use" in search.notes[-1]
     with pytest.raises(MemoryError):  # as the search said: the answer no longer runs here
         pool.step(search.batch_size)
+
+
+class UnresettablePeak(LeakyPool):
+    """JAX's figures: the peak is the process's, so ``reset_peak`` only remembers it, and a
+    trial that stays below it reads None (as unimem's JAX backend reports it)."""
+
+    def __init__(self, state: int, per_sample: int, cap: int) -> None:
+        super().__init__(state, per_sample, cap)
+        self.mark: int | None = None
+
+    def stats(self, backend: str | None = None, device: int = 0, **_: Any) -> unimem.MemoryStats:
+        figures = super().stats(backend, device)
+        if self.mark is not None and self.peak <= self.mark:
+            return unimem.MemoryStats(backend="jax", device=device, allocated=self.in_use, limit=self.cap)
+        return figures
+
+    def reset_peak(self, backend: str | None = None, device: int = 0) -> None:
+        self.mark = self.peak
+
+
+@pytest.mark.parametrize("limit", [None, "cap"])
+def test_a_peak_below_the_process_peak_still_bounds_the_next_step(monkeypatch: Any, limit: str | None) -> None:
+    from unimem import api
+
+    # The GPU test's JAX shape: warmed up at the search's start, whose peak then reads None.
+    pool = UnresettablePeak(state=67_000_000, per_sample=37_700, cap=3_003_000_000)
+    pool.step(32)
+    for name in ("stats", "reset_peak", "clear_cache"):
+        monkeypatch.setattr(api, name, getattr(pool, name))
+    kwargs: dict[str, Any] = {"limit": pool.cap} if limit else {}
+    with pytest.warns(unimem.UnimemWarning, match="start a fresh process"):  # the failure kept the outputs
+        search = unimem.find_batch_size(pool.step, start=32, backend="jax", return_trials=True, **kwargs)
+    first, second = search.trials[:2]
+    assert first.peak is None and first.fits
+    # The process's peak (the warm-up's, at this very size) bounds the first trial's: the
+    # next step is a sure jump, not a doubling.
+    assert second.reason == "safe-jump" and second.batch_size > 16 * 32 and second.fits
+    true_max = (pool.cap - 2 * pool.state) // pool.per_sample
+    assert (1 - search.margin) * true_max <= search.batch_size <= true_max
+    assert len(search.trials) <= 6

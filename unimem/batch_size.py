@@ -471,6 +471,12 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
 
     trials: list[Trial] = []
     points: list[tuple[int, int]] = []
+    # JAX cannot reset its peak: a trial that stays below the process's peak so far reads
+    # None. That peak, while the search has seen every step since it was read (no failure,
+    # whose partial allocations it would not see), bounds the trial's from above: a
+    # (size, bound) point keeps the sure lower bound sure, though it is no point of the fit.
+    bounded: list[tuple[int, int]] = []
+    running_peak = before.peak_allocated if before is not None and settings.measure is None else None
     kept_total = 0
     good, bad = 0, None
     size, reason = settings.start, "start"
@@ -509,7 +515,13 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             if backend is not None and settings.measure is None:
                 measured_by = f"stats({backend!r}).{_PEAK_FIELD}"
                 limit = settings.limit if settings.limit is not None else _capacity(_snapshot(backend, device), backend)
-        if error is None and peak is None and settings.limit is not None and not points:
+        if error is None and peak is None and running_peak is not None:
+            bounded.append((size, running_peak))
+        if error is not None:
+            running_peak = None
+        elif peak is not None and running_peak is not None:
+            running_peak = max(running_peak, peak)
+        if error is None and peak is None and settings.limit is not None and not points and not bounded:
             raise ConfigError(
                 "limit",
                 f"a limit needs each trial's peak memory, and {measured_by} gave none for batch size {size}; "
@@ -551,7 +563,7 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             settings.max_size,
             _predict(model, usable),
             settings.margin,
-            _safe_size(points, baseline, usable),
+            _safe_size(points + bounded, baseline, usable),
             flat=_plateau_ratio(points),
             convex=convex,
             jumped=trials[-1].fits and trials[-1].reason == "safe-jump",
