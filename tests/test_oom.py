@@ -506,6 +506,14 @@ def test_mixed_precision_ranks_by_what_is_known() -> None:
     assert unknown.index("mixed-precision") > unknown.index("checkpointing")
 
 
+def test_jax_on_a_gpu_says_to_retry_in_a_fresh_process() -> None:
+    # XLA keeps a failed step's outputs in use: a retry in the same process fits less.
+    kinds = _kinds(framework="jax", snapshot=_gpu_stats(limit=140 * GiB), place="gpu:0")
+    assert kinds.index("smaller-batch") < kinds.index("fresh-process") < kinds.index("mixed-precision")
+    assert "fresh-process" not in _kinds(framework="jax", place="cpu:0")
+    assert "fresh-process" not in _kinds(framework="torch")
+
+
 def test_a_raised_cap_is_suggested_when_the_device_has_room() -> None:
     capped = _gpu_stats(limit=35 * GiB, device_free=90 * GiB)
     assert "raise-cap" in _kinds(snapshot=capped)

@@ -427,6 +427,23 @@ def _suggest(
             )
         )
 
+    if framework == "jax" and on_gpu:
+        # Measured on an H200 (JAX 0.11.2, benchmarks/scripts/jax_failed_execution_leak.py):
+        # each failed execution kept exactly its outputs' bytes in use, freed by neither
+        # gc.collect() nor jax.clear_caches(); a retry in this process has that much less.
+        scored.append(
+            (
+                75,
+                Suggestion(
+                    "fresh-process",
+                    "Retry with the new settings in a fresh process",
+                    "XLA does not free a failed step's output buffers: they stay in use until the process ends, "
+                    "so this process now fits less than a fresh one (for a training step, a copy of the "
+                    "parameters and optimizer state per failure)",
+                ),
+            )
+        )
+
     on, how = precision
     if on is not True:
         scored.append(
