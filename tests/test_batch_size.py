@@ -241,6 +241,7 @@ def test_the_answer_is_always_within_the_margin(
     )
     assert (1 - margin) * true_max <= search.batch_size <= true_max
     assert search.converged
+    assert not any("rematerializes" in note for note in search.notes), str(search)  # linear: no saturation
     searched = step.calls[: len(search.trials)]
     assert searched == [t.batch_size for t in search.trials]
     assert len(searched) == len(set(searched)), "a size was tried twice"
@@ -367,6 +368,7 @@ def test_convex_needs_are_found_and_a_safe_jump_never_fails(
     assert search.converged and 0.95 * largest <= search.batch_size <= largest, str(search)
     assert all(t.fits for t in search.trials if t.reason == "safe-jump"), str(search)
     assert all(t.batch_size > largest for t in search.trials if not t.fits), str(search)
+    assert not any("rematerializes" in note for note in search.notes), str(search)  # convex: no saturation
 
 
 def test_a_start_that_does_not_fit_is_halved() -> None:
@@ -646,3 +648,37 @@ def test_a_peak_below_the_process_peak_still_bounds_the_next_step(monkeypatch: A
     true_max = (pool.cap - 2 * pool.state) // pool.per_sample
     assert (1 - search.margin) * true_max <= search.batch_size <= true_max
     assert len(search.trials) <= 6
+
+
+class RematNeed(Need):
+    """XLA near its limit: past ``target`` bytes it rematerializes, so the peak grows a
+    twentieth as fast, until even that does not fit (a stretch of ``stretch`` in the need)."""
+
+    def __init__(self, a: int, b: int, cap: int, target: int, stretch: float) -> None:
+        super().__init__(a, b, cap)
+        self.target, self.stretch = target, stretch
+
+    def __call__(self, batch_size: int) -> None:
+        self.calls.append(batch_size)
+        natural = self.a + self.b * batch_size
+        if natural > self.stretch * self.target:
+            raise MemoryError(f"RESOURCE_EXHAUSTED: need {natural}")
+        self.peak = natural if natural <= self.target else self.target + (natural - self.target) // 20
+
+
+def test_peaks_that_stop_growing_near_the_limit_are_reported() -> None:
+    # The GPU test's JAX model on the H200: 36.9 kB/sample up to 2.79 GB, then 2 kB/sample.
+    step = RematNeed(a=67_000_000, b=36_900, cap=3_003_000_000, target=2_790_000_000, stretch=1.25)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", unimem.UnimemWarning)
+        search = unimem.find_batch_size(step, start=32, measure=step.measure, limit=step.cap, return_trials=True)
+    natural = (step.target - step.a) // step.b  # the largest size that needs no rematerialization
+    largest = int(step.stretch * step.target - step.a) // step.b
+    assert (1 - search.margin) * largest <= search.batch_size <= largest  # the largest that runs
+    # Flat peaks say nothing about how far it stretches: it steps by the margin, so only
+    # its last trial fails (a line through them predicted twice the answer: 5 failures).
+    assert [t.fits for t in search.trials].count(False) == 1 and not search.trials[-1].fits, str(search)
+    assert "saturated" in [t.reason for t in search.trials] and len(search.trials) <= 7, str(search)
+    note = next(n for n in search.notes if "rematerializes" in n)
+    about = int(note.split("sizes above about ")[1].split()[0])
+    assert 0.9 * natural <= about <= 1.1 * natural, note

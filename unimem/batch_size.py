@@ -67,7 +67,8 @@ class Trial:
     fits: bool
     peak: int | None  # bytes the trial used at its peak; None when unknown
     seconds: float
-    reason: str  # start, grow, halve, safe-jump, predict, predict-far, close, bisect, upper-bound; confirm, settle
+    reason: str  # start, grow, halve, safe-jump, predict, predict-far, close, saturated, bisect, upper-bound;
+    # confirm, settle (after the search)
     error: str | None = None  # the out-of-memory message's first line when it did not fit
     peak_reserved: int | None = None  # torch: the pool's peak in the same trial
     # After a failure: bytes still in use once it was released, above those in use before
@@ -319,13 +320,17 @@ def _next_size(
     flat: float = 0.0,
     convex: bool = False,
     jumped: bool = False,
+    saturated: bool = False,
 ) -> tuple[int, str]:
     """The next size to try, and why. ``good`` >= 1 is the largest that fit, ``bad`` the
     smallest that did not; ``predicted`` is the linear fit's answer and ``safe`` the
     proportional lower bound (both may be None); ``flat``: when the two largest sizes
     measured peaked the same (a plateau of fixed costs), the ratio of those sizes, else 0;
     ``convex``: the fit saw the peaks grow faster at larger sizes, so ``predicted`` is only
-    an upper estimate; ``jumped``: the last trial was a sure step, and it fit.
+    an upper estimate; ``jumped``: the last trial was a sure step, and it fit;
+    ``saturated``: the peaks stopped growing near the limit (see ``_knee``) and nothing
+    failed yet: only a step by the margin is safe (a failed JAX trial costs 10 s and keeps
+    the step's outputs).
 
     The answer lies between a lower estimate (``good``, raised to ``safe``) and an upper
     one (the prediction, else one below the smallest failure). A step's peak is often
@@ -370,6 +375,8 @@ def _next_size(
         size = max(low, math.floor(math.sqrt(base * top)) if top > base else top)
         reason = "predict-far" if top == predicted else "bisect"
     close = math.floor(good / (1 - margin)) + 1
+    if saturated:
+        size, reason = close, "saturated"
     if size < close:
         # Near the edge: the smallest size whose failure ends the search beats a small
         # step up (it fails and ends it, or fits and gains more).
@@ -566,6 +573,7 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             _safe_size(points + bounded, baseline, usable),
             flat=_plateau_ratio(points),
             convex=convex,
+            saturated=bad is None and _knee(points, limit) is not None,
             jumped=trials[-1].fits and trials[-1].reason == "safe-jump",
         )
 
@@ -582,6 +590,9 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             UnimemWarning,
             stacklevel=3,
         )
+    saturated = _saturation_note(points, limit)
+    if saturated:
+        notes.append(saturated)
     kept_note = _kept_note(backend, trials, limit)
     if kept_note:
         notes.append(kept_note)
@@ -627,6 +638,43 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
         notes=tuple(notes),
         confirmations=confirmations,
         confirmed=confirmed,
+    )
+
+
+def _knee(points: list[tuple[int, int]], limit: int | None) -> int | None:
+    """Where the peaks stopped growing with the batch near the limit, or None.
+
+    XLA rematerializes a step whose peak would pass its limit (it recomputes activations),
+    so near the limit the peak grows a small fraction as fast per sample as below it (on
+    the H200: 36.9 kB/sample, then 2.0). Then the peaks say nothing about how much more
+    fits, and a line through them predicts far too much. The knee is where the steep line
+    below meets the flat one at the top. Only over a step of 5% or more, and 10x flatter:
+    noise in the peaks (allocator rounding) makes a shorter step of a straight need look
+    flat."""
+    if limit is None or len(points) < 3:
+        return None
+    ordered = sorted(points)
+    (m1, q1), (m2, q2) = ordered[-2:]
+    if q2 < 0.9 * limit or m2 < 1.05 * m1:
+        return None
+    flat = (q2 - q1) / (m2 - m1)
+    for (n0, p0), (n1, p1) in reversed(list(itertools.pairwise(ordered[:-1]))):
+        steep = (p1 - p0) / (n1 - n0)
+        if steep > 0 and flat < 0.1 * steep:
+            knee = (q2 - p1 + steep * n1 - flat * m2) / (steep - flat)
+            return int(min(max(knee, n0), m2))
+    return None
+
+
+def _saturation_note(points: list[tuple[int, int]], limit: int | None) -> str | None:
+    knee = _knee(points, limit)
+    if knee is None or limit is None:
+        return None
+    top = max(points)
+    return (
+        f"above about {knee} the peak stopped growing with the batch ({top[1] / limit:.0%} of the limit at "
+        f"{top[0]}): the framework saves memory to fit (XLA rematerializes: it recomputes activations), "
+        f"so sizes above about {knee} may run slower per sample; time the step before taking the largest"
     )
 
 
