@@ -12,10 +12,12 @@
 #            accelerate in JAX with its trials kept when it times out
 #   s3c      the whole suite (evidence/gpu.json), beside NVML read after every trial of the
 #            JAX search test's model, with its step's key constant and passed in
+#   s4       what session 3 left unverified (about 4 minutes): the two search tests and the
+#            JAX benchmark search with the peak bound and the saturation rule
 # Every output is packed into $OUT/results.tar.gz, because a device call brings back at most
 # 8 files. Unpack here with: tar -xzf <files_at>/results.tar.gz -C /tmp/gpu
 set -uo pipefail
-PART=${1:?usage: followup_run.sh batch|batch2|suite|diag|next|observe|s3|s3b|s3c}
+PART=${1:?usage: followup_run.sh batch|batch2|suite|diag|next|observe|s3|s3b|s3c|s4}
 OUT=${OUT:-/tmp/unimem-out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
@@ -118,6 +120,11 @@ elif [ "$PART" = s3c ]; then
     timeout 200 python3 "$ROOT/benchmarks/scripts/jax_search_process_growth.py" --variant "$variant" \
       > "$WORK/growth-$variant.json" 2> "$WORK/growth-$variant.log" &
   done
+  wait
+elif [ "$PART" = s4 ]; then
+  search_tests_then_torch_search 200 &
+  timeout 200 python3 "$ROOT/benchmarks/bench_batch_size.py" --frameworks jax --bracket-reference \
+    --out "$WORK/batch-jax" --machine "$MACHINE" > "$WORK/batch-jax.log" 2>&1 &
   wait
 elif [ "$PART" = observe ]; then
   # The whole suite first, so that evidence/gpu.json reflects the current code.
