@@ -682,3 +682,20 @@ def test_peaks_that_stop_growing_near_the_limit_are_reported() -> None:
     note = next(n for n in search.notes if "rematerializes" in n)
     about = int(note.split("sizes above about ")[1].split()[0])
     assert 0.9 * natural <= about <= 1.1 * natural, note
+
+
+def test_outside_jax_what_a_failure_left_is_reported_but_the_answer_is_still_re_run(monkeypatch: Any) -> None:
+    # torch: what stays after a failed step is the step's own state (gradients a failed
+    # backward set), which the next step reuses: said, but not held against the cap.
+    from unimem import api
+
+    pool = LeakyPool(state=700, per_sample=1, cap=3000)
+    for name in ("stats", "reset_peak", "clear_cache"):
+        monkeypatch.setattr(api, name, getattr(pool, name))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", unimem.UnimemWarning)
+        search = unimem.find_batch_size(pool.step, start=32, backend="torch", return_trials=True)
+    assert [t.kept for t in search.trials if not t.fits] == [700]
+    note = next(n for n in search.notes if "stayed in use" in n)
+    assert "gradients set in a failed backward" in note and "XLA" not in note
+    assert search.confirmations and search.confirmations[0].reason == "confirm"

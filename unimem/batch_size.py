@@ -513,7 +513,10 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
         if error is not None and in_use is not None:
             now = api.stats(backend, device).allocated
             kept = None if now is None else max(0, now - in_use)
-            kept_total += kept or 0
+            if backend == "jax":
+                # XLA's are lost for good. Elsewhere what stays is the step's own state
+                # (torch: gradients a failed backward set), which the next step reuses.
+                kept_total += kept or 0
         trials.append(Trial(size, error is None, peak, seconds, reason, error, peak_reserved, kept))
 
         if backend is None and settings.backend is None and len(trials) == 1:
@@ -561,8 +564,8 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             assert bad is not None
             size, reason = max(1, bad // 2), "halve"
             continue
-        # What failed trials left in use is lost to every later trial (peaks measured after
-        # it include it too: both err on the safe side).
+        # What XLA kept after failed trials is lost to every later trial (peaks measured
+        # after it include it too: both err on the safe side).
         usable = None if limit is None else limit - overhead - kept_total
         size, reason = _next_size(
             good,
