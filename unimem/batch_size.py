@@ -593,32 +593,8 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             UnimemWarning,
             stacklevel=3,
         )
-    saturated = _saturation_note(points, limit)
-    if saturated:
-        notes.append(saturated)
-    kept_note = _kept_note(backend, trials, limit)
-    if kept_note:
-        notes.append(kept_note)
-    ran = max((t for t in trials if t.fits and t.batch_size == good), key=lambda t: t.peak or 0)
-    answer, confirmed = good, None
-    confirmations: tuple[Trial, ...] = ()
-    if settings.confirm and limit is not None and kept_total and ran.peak and ran.peak + kept_total > limit:
-        # Its peak no longer fits beside what the failures left: re-running it (and one
-        # size lower) would fail again, each failure costing seconds and, in JAX, more memory.
-        confirmed = False
-        notes.append(
-            f"{good} ran during the search (peak {format_bytes(ran.peak)}) but cannot run again in this process "
-            f"beside the {format_bytes(kept_total)} the failed trials left in use (limit {format_bytes(limit)}); "
-            f"start a fresh process with batch size {good}"
-        )
-    else:
-        answer, confirmations, confirmed = _confirm(step, settings, backend, trials, good)
-        if confirmed is False:
-            why = "the failed trials left memory in use (above)" if kept_note else "the pool is left fragmented"
-            notes.append(
-                f"{good} ran during the search but not again after its last out-of-memory error, nor did "
-                f"{confirmations[-1].batch_size}: {why}; start a fresh process with batch size {good}"
-            )
+    answer, confirmations, confirmed, more = _conclude(step, settings, backend, trials, points, good, limit, kept_total)
+    notes += more
     if confirmed is False:
         warnings.warn(f"find_batch_size: {notes[-1]}", UnimemWarning, stacklevel=3)
     _release(backend, device, final=True)
@@ -642,6 +618,39 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
         confirmations=confirmations,
         confirmed=confirmed,
     )
+
+
+def _conclude(
+    step: Callable[[int], Any],
+    settings: _Settings,
+    backend: str | None,
+    trials: list[Trial],
+    points: list[tuple[int, int]],
+    good: int,
+    limit: int | None,
+    kept_total: int,
+) -> tuple[int, tuple[Trial, ...], bool | None, list[str]]:
+    """After the search: the answer re-run or not (see ``_confirm``), and the notes on what
+    the peaks and the failed trials showed."""
+    notes = [note for note in (_saturation_note(points, limit), _kept_note(backend, trials, limit)) if note]
+    ran = max((t for t in trials if t.fits and t.batch_size == good), key=lambda t: t.peak or 0)
+    if settings.confirm and limit is not None and kept_total and ran.peak and ran.peak + kept_total > limit:
+        # Its peak no longer fits beside what XLA kept: re-running it (and one size lower)
+        # would fail again, each failure costing 10 s and another copy of the outputs.
+        notes.append(
+            f"{good} ran during the search (peak {format_bytes(ran.peak)}) but cannot run again in this process "
+            f"beside the {format_bytes(kept_total)} the failed trials left in use (limit {format_bytes(limit)}); "
+            f"start a fresh process with batch size {good}"
+        )
+        return good, (), False, notes
+    answer, confirmations, confirmed = _confirm(step, settings, backend, trials, good)
+    if confirmed is False:
+        why = "the failed trials left memory in use (above)" if kept_total else "the pool is left fragmented"
+        notes.append(
+            f"{good} ran during the search but not again after its last out-of-memory error, nor did "
+            f"{confirmations[-1].batch_size}: {why}; start a fresh process with batch size {good}"
+        )
+    return answer, confirmations, confirmed, notes
 
 
 def _knee(points: list[tuple[int, int]], limit: int | None) -> int | None:
@@ -688,15 +697,15 @@ def _kept_note(backend: str | None, trials: list[Trial], limit: int | None) -> s
     if not failed or (limit and total < 0.01 * limit):
         return None
     cause = (
-        "XLA does not free a failed execution's output buffers, which stay in use until the process ends"
+        "XLA does not free a failed execution's output buffers, which stay in use until the process ends; "
+        "this process now fits less than a fresh one"
         if backend == "jax"
         else "something still references what the failed steps allocated (gradients set in a failed backward, "
-        "a caught exception, a list of outputs)"
+        "which the next step reuses, or a caught exception, a list of outputs)"
     )
     return (
         f"{format_bytes(total)} stayed in use after {len(failed)} failed trial(s) "
-        f"({', '.join(f'{t.batch_size}: {format_bytes(t.kept or 0)}' for t in failed)}): {cause}; "
-        "this process now fits less than a fresh one"
+        f"({', '.join(f'{t.batch_size}: {format_bytes(t.kept or 0)}' for t in failed)}): {cause}"
     )
 
 
