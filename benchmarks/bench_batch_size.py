@@ -43,8 +43,6 @@ import gc
 import importlib.util
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 import warnings
@@ -56,7 +54,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import benchlib  # noqa: E402
 
-MARK = "UNIMEM_BENCH_RESULT "
 TRIAL_MARK = "UNIMEM_BENCH_TRIAL "
 # Most telling first: when --budget runs out, the later ones are skipped.
 METHODS = ("unimem", "lightning-binsearch", "accelerate-high", "lightning-power", "accelerate-128")
@@ -416,32 +413,15 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PYTORCH_", "UNIMEM_", "TF_FORCE_GPU"))}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-    if spec["mode"] != "gpu":
-        env["JAX_PLATFORMS"] = "cpu"
     started = time.perf_counter()
-    try:
-        done = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-        )
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        done_trials = [json.loads(line[len(TRIAL_MARK) :]) for line in out.splitlines() if line.startswith(TRIAL_MARK)]
-        return {
-            "error": f"timed out after {timeout:.0f} s",
-            "trials_before_timeout": [[n, ok, round(seconds, 3)] for n, ok, seconds in done_trials],
-        }
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(MARK):
-            result: dict[str, Any] = json.loads(line[len(MARK) :])
-            result["process_seconds"] = time.perf_counter() - started
-            return result
-    return {"error": f"exit {done.returncode}", "stderr": done.stderr[-2000:]}
+    result = benchlib.run_child(str(Path(__file__).resolve()), spec, timeout, cpu_only=spec["mode"] != "gpu")
+    if "stdout" in result:  # timed out: the trials it printed as they ended
+        lines = result.pop("stdout").splitlines()
+        done = [json.loads(line[len(TRIAL_MARK) :]) for line in lines if line.startswith(TRIAL_MARK)]
+        result["trials_before_timeout"] = [[n, ok, round(seconds, 3)] for n, ok, seconds in done]
+    elif "error" not in result:
+        result["process_seconds"] = time.perf_counter() - started
+    return result
 
 
 def _ratio(after: Any, before: Any) -> float | None:
@@ -679,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
-        print(MARK + json.dumps(child(json.loads(args.child)), default=str), flush=True)
+        print(benchlib.RESULT_MARK + json.dumps(child(json.loads(args.child)), default=str), flush=True)
         return 0
 
     gpu = benchlib.gpu_description()

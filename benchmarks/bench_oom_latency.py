@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +33,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import benchlib  # noqa: E402
 
-MARK = "UNIMEM_BENCH_RESULT "
 FRAMEWORKS = ("torch", "jax", "tensorflow")
 
 
@@ -109,29 +106,13 @@ def child(framework: str, fraction: float, repeats: int, gpu: bool) -> dict[str,
 
 
 def _run(framework: str, args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PYTORCH_", "UNIMEM_", "TF_FORCE_GPU"))}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
-    if not gpu:
-        env["JAX_PLATFORMS"] = "cpu"
-    spec = json.dumps({"framework": framework, "fraction": args.fraction, "repeats": args.repeats, "gpu": gpu})
-    try:
-        done = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--child", spec],
-            capture_output=True,
-            text=True,
-            timeout=args.timeout,
-            env=env,
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.timeout} s"}
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(MARK):
-            result: dict[str, Any] = json.loads(line[len(MARK) :])
-            for name, pairs in result["runs"].items():
-                if pairs:
-                    result[name] = {**benchlib.summary([s for s, _ in pairs]), "failed": [not ok for _, ok in pairs]}
-            return result
-    return {"error": f"exit {done.returncode}", "stderr": done.stderr[-2000:]}
+    spec = {"framework": framework, "fraction": args.fraction, "repeats": args.repeats, "gpu": gpu}
+    result = benchlib.run_child(str(Path(__file__).resolve()), spec, args.timeout, cpu_only=not gpu)
+    result.pop("stdout", None)
+    for name, pairs in result.get("runs", {}).items():
+        if pairs:
+            result[name] = {**benchlib.summary([s for s, _ in pairs]), "failed": [not ok for _, ok in pairs]}
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child is not None:
         spec = json.loads(args.child)
         result = child(spec["framework"], spec["fraction"], spec["repeats"], spec["gpu"])
-        print(MARK + json.dumps(result), flush=True)
+        print(benchlib.RESULT_MARK + json.dumps(result), flush=True)
         return 0
     gpu = benchlib.gpu_description() is not None
     result = benchlib.header("oom_latency", args.machine, sys.argv)

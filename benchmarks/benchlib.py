@@ -8,11 +8,13 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 DISTRIBUTIONS = ("unimem", "torch", "jax", "jaxlib", "tensorflow", "nvidia-ml-py")
+RESULT_MARK = "UNIMEM_BENCH_RESULT "  # a child's one line of JSON: ``print(RESULT_MARK + json.dumps(...))``
 
 
 def versions() -> dict[str, str | None]:
@@ -95,3 +97,30 @@ def write(result: dict[str, Any], out: str | None) -> None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text)
         print(f"wrote {out}", file=sys.stderr)
+
+
+def run_child(script: str, spec: dict[str, Any], timeout: float, *, cpu_only: bool) -> dict[str, Any]:
+    """Run ``script --child <spec as JSON>`` in a fresh interpreter, with none of the settings
+    unimem or the frameworks read from the environment, and return the JSON it printed after
+    ``RESULT_MARK``; else ``{"error": ...}`` with the output's tail (all of it on a timeout,
+    for whatever the child printed as it went)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PYTORCH_", "UNIMEM_", "TF_FORCE_GPU"))}
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+    if cpu_only:
+        env["JAX_PLATFORMS"] = "cpu"
+    try:
+        done = subprocess.run(
+            [sys.executable, script, "--child", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        return {"error": f"timed out after {timeout:.0f} s", "stdout": out}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(RESULT_MARK):
+            result: dict[str, Any] = json.loads(line[len(RESULT_MARK) :])
+            return result
+    return {"error": f"exit {done.returncode}", "stderr": done.stderr[-2000:]}
