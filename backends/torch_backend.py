@@ -36,7 +36,7 @@ from .base import (
     when_imported,
 )
 
-__all__ = ["TorchBackend", "at_first_forward", "cache_emptied_at_first_forward"]
+__all__ = ["TorchBackend", "at_first_forward"]
 
 # Left free when preallocating without a cap: cuBLAS/cuDNN handles and kernels
 # loaded later take device memory outside the caching allocator.
@@ -603,21 +603,3 @@ def at_first_forward(action: Callable[[], object]) -> Iterator[None]:
         yield
     finally:
         handle.remove()
-
-
-def cache_emptied_at_first_forward(device: int = 0) -> contextlib.AbstractContextManager[None]:
-    """Within: the CUDA cache is emptied once, as the first module's forward starts.
-
-    A training step that sets its gradients to None first (``zero_grad()``'s default) holds
-    none there: the segments they pinned go back to the device, and backward allocates the
-    new gradients in segments of their own size. Emptying the cache before the step cannot
-    do this: the old gradients still live in the large segments of the largest batch."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return contextlib.nullcontext()
-
-    def empty() -> None:
-        with torch.cuda.device(device):
-            torch.cuda.empty_cache()
-
-    return at_first_forward(empty)

@@ -721,13 +721,14 @@ def _rerun(step: Callable[[int], Any], settings: _Settings, backend: str | None,
 
 
 def _settling(backend: str | None, device: int) -> contextlib.AbstractContextManager[None]:
-    """torch: empty the cache as the settle call's forward starts (its gradients are None
-    there), so the new ones land in small segments; elsewhere nothing."""
+    """torch: release the pool as the settle call's forward starts, when a step that sets its
+    gradients to None first holds none, so the new ones land in segments of their own size
+    (emptying the cache before the call cannot: the old ones pin the large segments)."""
     if backend != "torch":
         return contextlib.nullcontext()
-    from unimem.backends.torch_backend import cache_emptied_at_first_forward
+    from unimem.backends.torch_backend import at_first_forward
 
-    return cache_emptied_at_first_forward(device)
+    return at_first_forward(lambda: _release(backend, device))
 
 
 def _confirm(
