@@ -493,7 +493,7 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
         in_use = None
         if settings.measure is None and backend is not None:
             api.reset_peak(backend, device)
-            in_use = api.stats(backend, device).allocated
+            in_use = api.stats(backend, device, nvml=False).allocated
         t0 = time.perf_counter()
         error, last_oom = _attempt(step, size)
         seconds = time.perf_counter() - t0
@@ -504,14 +504,14 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
                 value = settings.measure()
                 peak = None if value is None else int(value)
             elif backend is not None:
-                figures = api.stats(backend, device)
+                figures = api.stats(backend, device, nvml=False)
                 peak, peak_reserved = figures.peak_allocated, figures.peak_reserved
                 if backend == "torch" and peak is not None and peak_reserved is not None and size > good:
                     overhead = max(0, peak_reserved - peak)
         _release(backend, device, failed=error is not None)  # outside the except block: the frames are gone
         kept = None
         if error is not None and in_use is not None:
-            now = api.stats(backend, device).allocated
+            now = api.stats(backend, device, nvml=False).allocated
             kept = None if now is None else max(0, now - in_use)
             if backend == "jax":
                 # XLA's are lost for good. Elsewhere what stays is the step's own state
