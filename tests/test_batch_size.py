@@ -581,13 +581,17 @@ class LeakyPool:
     def clear_cache(self, backend: str | None = None, device: int = 0) -> int:
         return 0
 
+    def serve(self, monkeypatch: Any) -> None:
+        """Answer unimem's stats(), reset_peak() and clear_cache() for the test's duration."""
+        from unimem import api
+
+        for name in ("stats", "reset_peak", "clear_cache"):
+            monkeypatch.setattr(api, name, getattr(self, name))
+
 
 def test_memory_a_failed_trial_leaves_in_use_is_measured_reported_and_avoided(monkeypatch: Any) -> None:
-    from unimem import api
-
     pool = LeakyPool(state=700, per_sample=1, cap=3000)  # fresh process: 1600 fits, 1601 does not
-    for name in ("stats", "reset_peak", "clear_cache"):
-        monkeypatch.setattr(api, name, getattr(pool, name))
+    pool.serve(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         search = unimem.find_batch_size(pool.step, start=32, backend="jax", return_trials=True)
@@ -630,13 +634,10 @@ class UnresettablePeak(LeakyPool):
 
 @pytest.mark.parametrize("limit", [None, "cap"])
 def test_a_peak_below_the_process_peak_still_bounds_the_next_step(monkeypatch: Any, limit: str | None) -> None:
-    from unimem import api
-
     # The GPU test's JAX shape: warmed up at the search's start, whose peak then reads None.
     pool = UnresettablePeak(state=67_000_000, per_sample=37_700, cap=3_003_000_000)
     pool.step(32)
-    for name in ("stats", "reset_peak", "clear_cache"):
-        monkeypatch.setattr(api, name, getattr(pool, name))
+    pool.serve(monkeypatch)
     kwargs: dict[str, Any] = {"limit": pool.cap} if limit else {}
     with pytest.warns(unimem.UnimemWarning, match="start a fresh process"):  # the failure kept the outputs
         search = unimem.find_batch_size(pool.step, start=32, backend="jax", return_trials=True, **kwargs)
@@ -687,11 +688,8 @@ def test_peaks_that_stop_growing_near_the_limit_are_reported() -> None:
 def test_outside_jax_what_a_failure_left_is_reported_but_the_answer_is_still_re_run(monkeypatch: Any) -> None:
     # torch: what stays after a failed step is the step's own state (gradients a failed
     # backward set), which the next step reuses: said, but not held against the cap.
-    from unimem import api
-
     pool = LeakyPool(state=700, per_sample=1, cap=3000)
-    for name in ("stats", "reset_peak", "clear_cache"):
-        monkeypatch.setattr(api, name, getattr(pool, name))
+    pool.serve(monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", unimem.UnimemWarning)
         search = unimem.find_batch_size(pool.step, start=32, backend="torch", return_trials=True)
