@@ -321,6 +321,7 @@ def _next_size(
     convex: bool = False,
     jumped: bool = False,
     saturated: bool = False,
+    refit: bool = False,
 ) -> tuple[int, str]:
     """The next size to try, and why. ``good`` >= 1 is the largest that fit, ``bad`` the
     smallest that did not; ``predicted`` is the linear fit's answer and ``safe`` the
@@ -330,7 +331,8 @@ def _next_size(
     an upper estimate; ``jumped``: the last trial was a sure step, and it fit;
     ``saturated``: the peaks stopped growing near the limit (see ``_knee``) and nothing
     failed yet: only a step by the margin is safe (a failed JAX trial costs 10 s and keeps
-    the step's outputs).
+    the step's outputs); ``refit``: a size fit after the smallest failure, so ``predicted``
+    comes from a point the failure did not.
 
     The answer lies between a lower estimate (``good``, raised to ``safe``) and an upper
     one (the prediction, else one below the smallest failure). A step's peak is often
@@ -352,6 +354,11 @@ def _next_size(
     # peak a fixed part sets, predicts far too much.
     trusted = predicted is not None and not convex and (safe is None or predicted <= 2 * max(low, 1))
     top = predicted if predicted is not None and (high is None or predicted <= high) else high
+    # A prediction at most a margin above the smallest failure, still made after a size that
+    # fit since that failure (a new point, and the line holds), is right but for noise: the
+    # limit lies just under the failure, so aim there rather than bisect from ``good``.
+    near_miss = refit and predicted is not None and bad is not None and bad <= predicted <= bad / (1 - margin)
+    aimed = top is not None and (top == predicted or near_miss)
     if top is None:
         # Nothing above is known: the sure step (it grows by the headroom's ratio), or
         # grow while a plateau of fixed costs keeps the sure step small, squaring the
@@ -362,7 +369,7 @@ def _next_size(
             size, reason = math.floor(stride * good), "grow"
     elif bad is None and top == upper and (trusted or 2 * low >= top):
         size, reason = top, "upper-bound"
-    elif top == predicted and trusted:
+    elif aimed and trusted:
         size, reason = max(low, math.floor(top * (1 - margin / 2))), "predict"
     elif low > good and top <= 4 * low and (low >= 1.15 * good or top <= 1.5 * low or not jumped):
         # The sure bound is a step up and the answer is not far above it: take it (it
@@ -577,6 +584,7 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             flat=_plateau_ratio(points),
             convex=convex,
             saturated=bad is None and _knee(points, limit) is not None,
+            refit=bad is not None and trials[-1].fits,
             jumped=trials[-1].fits and trials[-1].reason == "safe-jump",
         )
 
