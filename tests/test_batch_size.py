@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import run_framework_script
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import unimem
@@ -261,6 +261,8 @@ def test_the_answer_is_always_within_the_margin(
     start=st.integers(1, 16),
     noise=st.sampled_from([0.0, 0.01]),
 )
+# Found by hypothesis: noise put the prediction one above the failure, and it bisected (9 trials).
+@example(a=0, b=1024, true_max=961, start=5, noise=0.01)
 def test_with_figures_and_a_small_start_it_needs_at_most_six_trials(
     a: int, b: int, true_max: int, start: int, noise: float
 ) -> None:
