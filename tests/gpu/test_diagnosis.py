@@ -250,7 +250,7 @@ def test_jax_oom_is_explained_and_its_pool_figures_read(record: Any) -> None:
     assert [1024, 1024] in shapes
 
 
-def _check_search(search: dict[str, Any], record: Any) -> None:
+def _check_search(search: dict[str, Any], record: Any, *, max_trials: int) -> None:
     trials = search["trials"]
     record(
         batch_size=search["batch_size"],
@@ -279,14 +279,14 @@ def _check_search(search: dict[str, Any], record: Any) -> None:
     # peak; the model may be None
     # when only one size lies past a plateau; the sure bound from it steered the search).
     assert sum(1 for t in trials if t["fits"] and t["peak"]) >= 2, "no peaks: the GPU figures were not read"
-    assert len(trials) <= 8
+    assert len(trials) <= max_trials
     record(confirmed=search["confirmed"], confirmations=[(t["batch_size"], t["fits"]) for t in search["confirmations"]])
 
 
 @pytest.mark.covers("torch:batch_size")
 def test_torch_find_batch_size_under_a_cap(record: Any) -> None:
     r = _run(TORCH_SEARCH)
-    _check_search(r["search"], record)
+    _check_search(r["search"], record, max_trials=8)
     record(reserved_before=r["reserved_before"], reserved_after=r["reserved_after"])
     assert r["reran"] is True
     assert r["reserved_after"] <= r["reserved_before"]
@@ -297,7 +297,14 @@ def test_torch_find_batch_size_under_a_cap(record: Any) -> None:
 @pytest.mark.covers("jax:batch_size")
 def test_jax_find_batch_size_under_a_cap(record: Any) -> None:
     r = _run(JAX_SEARCH)
-    _check_search(r["search"], record)
+    # Two more trials than torch: this step's peaks are not a line in the batch (on the
+    # H200, 30 kB/sample between 603 and 9278, 41 up to 58613, 55 above), so the first
+    # prediction overshoots once; and near the cap XLA rematerializes, so sizes past the
+    # one whose peak reached the cap still fit and the last bracket is climbed by trials
+    # (runs 11 and 12: 10 and 9 trials). A JAX failure costs 10 s and keeps the step's
+    # outputs, so the search climbs from below: at most two failures.
+    _check_search(r["search"], record, max_trials=10)
+    assert sum(1 for t in r["search"]["trials"] if not t["fits"]) <= 2
     record(
         in_use_before=r["in_use_before"],
         in_use_after=r["in_use_after"],
