@@ -687,6 +687,38 @@ def test_peaks_that_stop_growing_near_the_limit_are_reported() -> None:
     assert 0.9 * natural <= about <= 1.1 * natural, note
 
 
+class ClampedAtTheCap(Need):
+    """XLA on the H200's GPU test: a size whose peak would pass the cap runs at the cap
+    (rematerialized) until ``stretch`` times the cap's worth of need does not fit; and, as
+    XLA's peak cannot be reset, a peak no higher than the highest so far reads None."""
+
+    def __init__(self, a: int, b: int, cap: int, stretch: float) -> None:
+        super().__init__(a, b, cap)
+        self.stretch, self.highest = stretch, 0
+
+    def __call__(self, batch_size: int) -> None:
+        self.calls.append(batch_size)
+        natural = self.a + self.b * batch_size
+        if natural > self.stretch * self.cap:
+            raise MemoryError(f"RESOURCE_EXHAUSTED: need {natural}")
+        peak = min(natural, int(0.997 * self.cap))
+        self.peak = peak if peak > self.highest else None
+        self.highest = max(self.highest, peak)
+
+
+def test_a_peak_at_the_cap_below_sizes_that_still_ran_is_reported() -> None:
+    step = ClampedAtTheCap(a=250_000_000, b=41_000, cap=3_003_000_000, stretch=1.15)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", unimem.UnimemWarning)
+        search = unimem.find_batch_size(step, start=32, measure=step.measure, limit=step.cap, return_trials=True)
+    largest = int(step.stretch * step.cap - step.a) // step.b
+    assert (1 - search.margin) * largest <= search.batch_size <= largest, str(search)
+    at_cap = min(t.batch_size for t in search.trials if t.peak is not None and t.peak >= 0.99 * step.cap)
+    assert at_cap < search.batch_size
+    note = next(n for n in search.notes if "rematerializes" in n)
+    assert f"at {at_cap} the peak reached the limit" in note and f"sizes up to {search.batch_size} ran" in note
+
+
 def test_outside_jax_what_a_failure_left_is_reported_but_the_answer_is_still_re_run(monkeypatch: Any) -> None:
     # torch: what stays after a failed step is the step's own state (gradients a failed
     # backward set), which the next step reuses: said, but not held against the cap.

@@ -640,7 +640,7 @@ def _conclude(
 ) -> tuple[int, tuple[Trial, ...], bool | None, list[str]]:
     """After the search: the answer re-run or not (see ``_confirm``), and the notes on what
     the peaks and the failed trials showed."""
-    notes = [note for note in (_saturation_note(points, limit), _kept_note(backend, trials, limit)) if note]
+    notes = [note for note in (_saturation_note(points, limit, good), _kept_note(backend, trials, limit)) if note]
     ran = max((t for t in trials if t.fits and t.batch_size == good), key=lambda t: t.peak or 0)
     if settings.confirm and limit is not None and kept_total and ran.peak and ran.peak + kept_total > limit:
         # Its peak no longer fits beside what XLA kept: re-running it (and one size lower)
@@ -686,15 +686,44 @@ def _knee(points: list[tuple[int, int]], limit: int | None) -> int | None:
     return None
 
 
-def _saturation_note(points: list[tuple[int, int]], limit: int | None) -> str | None:
-    knee = _knee(points, limit)
-    if knee is None or limit is None:
+def _ran_past_the_cap(points: list[tuple[int, int]], limit: int, good: int) -> tuple[int, int] | None:
+    """The smallest size whose peak reached the limit while ``good``, larger, still ran
+    though the peaks' own slope just below that size says it needs 2% more than the limit."""
+    ordered = sorted(points)
+    for i, (n, peak) in enumerate(ordered):
+        below = [(m, q) for m, q in ordered[:i] if 1.05 * m <= n]
+        if n >= good or peak < 0.99 * limit or not below:
+            continue
+        m, q = below[-1]
+        slope = (peak - q) / (n - m)
+        if slope > 0 and peak + slope * (good - n) > 1.02 * limit:
+            return n, peak
+    return None
+
+
+def _saturation_note(points: list[tuple[int, int]], limit: int | None, good: int) -> str | None:
+    """Said when the peaks show the framework saving memory to fit: a knee near the limit
+    (see ``_knee``), or a size whose peak reached the limit while a larger one, which the
+    peaks' slope says cannot fit, still ran (on the H200, XLA: 66784 peaked at 99.7% of the
+    cap, 55 kB/sample above 58613, and 70299 and 73999 ran)."""
+    if limit is None:
         return None
-    top = max(points)
+    why = "the framework saves memory to fit (XLA rematerializes: it recomputes activations)"
+    knee = _knee(points, limit)
+    if knee is not None:
+        top = max(points)
+        return (
+            f"above about {knee} the peak stopped growing with the batch ({top[1] / limit:.0%} of the limit at "
+            f"{top[0]}): {why}, so sizes above about {knee} may run slower per sample; time the step before "
+            "taking the largest"
+        )
+    at_cap = _ran_past_the_cap(points, limit, good)
+    if at_cap is None:
+        return None
+    n, peak = at_cap
     return (
-        f"above about {knee} the peak stopped growing with the batch ({top[1] / limit:.0%} of the limit at "
-        f"{top[0]}): the framework saves memory to fit (XLA rematerializes: it recomputes activations), "
-        f"so sizes above about {knee} may run slower per sample; time the step before taking the largest"
+        f"at {n} the peak reached the limit ({peak / limit:.1%}), yet sizes up to {good} ran: {why}, so "
+        f"sizes above {n} may run slower per sample; time the step before taking the largest"
     )
 
 
