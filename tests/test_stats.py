@@ -42,6 +42,22 @@ def test_is_frozen():
         snapshot.allocated = 2  # type: ignore[misc]
 
 
+def test_constructor_takes_every_field_in_order_and_keeps_dataclass_behaviour():
+    # MemoryStats writes its own __init__ (the generated frozen one is slow): a field added
+    # to the class but not to __init__ would be missing from every snapshot.
+    import inspect
+
+    assert list(inspect.signature(MemoryStats).parameters) == DESIGN_FIELDS
+    values = {name: i for i, name in enumerate(DESIGN_FIELDS[2:], start=2)}
+    by_name = MemoryStats("torch", 1, **values)
+    by_position = MemoryStats("torch", 1, *values.values())
+    assert by_name == by_position and hash(by_name) == hash(by_position)
+    assert vars(by_name) == {"backend": "torch", "device": 1, **values}
+    changed = dataclasses.replace(by_name, allocated=99)
+    assert changed.allocated == 99 and changed.timestamp == by_name.timestamp and by_name.allocated == 2
+    assert MemoryStats("torch", 0, timestamp=5.0).timestamp == 5.0
+
+
 def test_unknown_figures_default_to_none_not_zero():
     snapshot = MemoryStats("jax", 1)
     assert all(getattr(snapshot, name) is None for name in DESIGN_FIELDS[2:-1])

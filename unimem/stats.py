@@ -15,7 +15,7 @@ from .sizes import format_bytes
 __all__ = ["MemoryStats"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class MemoryStats:
     """A snapshot of one device's memory as one backend (and NVML) sees it.
 
@@ -45,6 +45,47 @@ class MemoryStats:
     device_free: int | None = None
     process_used: int | None = None
     timestamp: float = field(default_factory=time.time)
+
+    def __init__(
+        self,
+        backend: str,
+        device: int,
+        allocated: int | None = None,
+        reserved: int | None = None,
+        peak_allocated: int | None = None,
+        peak_reserved: int | None = None,
+        limit: int | None = None,
+        largest_free_block: int | None = None,
+        num_allocs: int | None = None,
+        num_ooms: int | None = None,
+        device_total: int | None = None,
+        device_free: int | None = None,
+        process_used: int | None = None,
+        timestamp: float | None = None,
+    ) -> None:
+        # The generated frozen __init__ sets each field through object.__setattr__: 3 µs
+        # for 14 fields, more than JAX's own memory_stats() call, in a call polled in
+        # loops. One assignment of the instance's dict gives the same frozen object in 1.
+        object.__setattr__(
+            self,
+            "__dict__",
+            {
+                "backend": backend,
+                "device": device,
+                "allocated": allocated,
+                "reserved": reserved,
+                "peak_allocated": peak_allocated,
+                "peak_reserved": peak_reserved,
+                "limit": limit,
+                "largest_free_block": largest_free_block,
+                "num_allocs": num_allocs,
+                "num_ooms": num_ooms,
+                "device_total": device_total,
+                "device_free": device_free,
+                "process_used": process_used,
+                "timestamp": time.time() if timestamp is None else timestamp,
+            },
+        )
 
     @property
     def fragmentation(self) -> float | None:
