@@ -14,12 +14,14 @@
 #            JAX search test's model, with its step's key constant and passed in
 #   s4       what session 3 left unverified (about 4 minutes): the two search tests and the
 #            JAX benchmark search with the peak bound and the saturation rule
-#   s5       session 4: the whole suite (evidence/gpu.json) with the current search, then the
+#   s5       session 4 (runs 13 and 15): the whole suite (evidence/gpu.json), then the
 #            import and stats() latency benchmarks alone on the machine (gpu-h200.json)
+#   s6       run 14: stats() latency with MemoryStats' own __init__ (alone on the machine),
+#            then the JAX search test with the at-the-cap note
 # Every output is packed into $OUT/results.tar.gz, because a device call brings back at most
 # 8 files. Unpack here with: tar -xzf <files_at>/results.tar.gz -C /tmp/gpu
 set -uo pipefail
-PART=${1:?usage: followup_run.sh batch|batch2|suite|diag|next|observe|s3|s3b|s3c|s4|s5}
+PART=${1:?usage: followup_run.sh batch|batch2|suite|diag|next|observe|s3|s3b|s3c|s4|s5|s6}
 OUT=${OUT:-/tmp/unimem-out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
@@ -132,6 +134,11 @@ elif [ "$PART" = s5 ]; then
   (cd "$ROOT" && timeout 400 python3 tests/gpu/run_suite.py --out "$WORK/gpu.json") > "$WORK/suite.log" 2>&1
   timeout 150 python3 "$ROOT/benchmarks/run_all.py" --out "$WORK/gpu-h200.json" --machine "$MACHINE" \
     > "$WORK/run_all.log" 2>&1
+elif [ "$PART" = s6 ]; then
+  timeout 150 python3 "$ROOT/benchmarks/run_all.py" --out "$WORK/gpu-h200.json" --machine "$MACHINE" \
+    > "$WORK/run_all.log" 2>&1
+  (cd "$ROOT" && timeout 200 python3 tests/gpu/run_suite.py --out "$WORK/gpu-diag.json" -- -k jax_find_batch_size) \
+    > "$WORK/suite-diag.log" 2>&1
 elif [ "$PART" = observe ]; then
   # The whole suite first, so that evidence/gpu.json reflects the current code.
   (cd "$ROOT" && timeout 330 python3 tests/gpu/run_suite.py --out "$WORK/gpu.json") > "$WORK/suite.log" 2>&1
