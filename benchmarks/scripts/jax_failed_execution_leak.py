@@ -7,7 +7,9 @@ the executable's buffer set-up returns the error without freeing them. This meas
 in isolation: a jitted ``f(state, n)`` whose output is the size of ``state`` and whose
 temporaries (a sort of ``n`` floats) fail past the cap. For several output sizes, twice
 each: bytes in use before, after the failure, after ``gc.collect()`` + ``jax.clear_caches()``,
-and the seconds the failing call took. Then the same with ``state`` donated.
+and the seconds the failing call took. Then the same with ``state`` donated (a fresh copy
+each call), and whether that donated input survives the failed call: deleted, or still
+readable and intact.
 
     python benchmarks/scripts/jax_failed_execution_leak.py > leak.json
 """
@@ -59,9 +61,16 @@ for donate in (False, True):
 
         ok_seconds, _, _ = attempt(f, state if not donate else state + 0, 1024)  # compile + run a small one
         for repeat in range(2):
+            given = state + 0 if donate else state
+            jax.block_until_ready(given)
             before = in_use()
-            seconds, oom, message = attempt(f, state if not donate else state + 0, too_many)
+            seconds, oom, message = attempt(f, given, too_many)
             after = in_use()
+            # A donated input that the failed call consumed is lost to the caller: a training
+            # step's parameters. Read it back, if it still exists, to see it is unchanged.
+            deleted = given.is_deleted()
+            intact = None if deleted else bool(jnp.all(given == 1.0))
+            del given
             gc.collect()
             jax.clear_caches()
             gc.collect()
@@ -79,6 +88,8 @@ for donate in (False, True):
                     "kept_after_failure": after - before,
                     "kept_after_gc_and_clear_caches": after_clear - before,
                     "live_arrays": len(jax.live_arrays()),
+                    "input_deleted_after_failure": deleted,
+                    "input_intact_after_failure": intact,
                 }
             )
         del state, f
