@@ -149,9 +149,9 @@ class JaxBackend(Backend):
             note="XLA cannot reset its peak: a trial smaller than an earlier one adds no point to the fit; "
             "jax.clear_caches() once at the end drops the trials' compiled steps. Each failed trial costs "
             "about 10 s (XLA's allocator waits for memory before it fails) and keeps the step's outputs in "
-            "use for good (XLA does not free a failed execution's output buffers; 0 with donated inputs, "
-            "H200): the search measures what stays, holds it against the cap, reports it, and says to start "
-            "a fresh process when the answer no longer fits beside it",
+            "use for good (XLA does not free a failed execution's output buffers; with donated inputs it "
+            "keeps none, but deletes those inputs, H200): the search measures what stays, holds it against "
+            "the cap, reports it, and says to start a fresh process when the answer no longer fits beside it",
         ),
     }
 

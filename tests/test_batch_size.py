@@ -719,6 +719,54 @@ def test_a_peak_at_the_cap_below_sizes_that_still_ran_is_reported() -> None:
     assert f"at {at_cap} the peak reached the limit" in note and f"sizes up to {search.batch_size} ran" in note
 
 
+_DONATING_STEP = r"""
+import sys
+import jax, jax.numpy as jnp
+import unimem
+
+def search(oom_deletes):
+    # On a GPU a failed call deletes the arrays it was given to donate; on the CPU JAX does
+    # not donate, so the step deletes its state itself before the real out-of-memory error.
+    state = {"params": jnp.ones(4)}
+    def step(n):
+        if n > 100:
+            if oom_deletes:
+                state["params"].delete()
+            jnp.zeros(1 << 58, dtype=jnp.uint8).block_until_ready()
+        state["params"] = state["params"] + 0  # RuntimeError once deleted
+    try:
+        unimem.find_batch_size(step, start=8, backend="jax", max_trials=20)
+    except RuntimeError as exc:
+        return {"error": str(exc), "notes": getattr(exc, "__notes__", [])}
+    return {"error": None, "notes": []}
+
+R = {"deleted": search(True), "kept": search(False)}
+# Deleted before any out-of-memory error: the step's own bug, not the search's.
+state = {"params": jnp.ones(4)}
+state["params"].delete()
+try:
+    unimem.find_batch_size(lambda n: state["params"] + 0, start=8, backend="jax")
+except RuntimeError as exc:
+    R["first"] = {"error": str(exc), "notes": getattr(exc, "__notes__", [])}
+R["python"] = list(sys.version_info[:2])
+emit(R)
+"""
+
+
+def test_a_step_whose_donated_state_an_oom_deleted_gets_the_cause_named(need: Any, pyjson: Any) -> None:
+    need("jax")
+    r = pyjson(_DONATING_STEP)
+    if tuple(r["python"]) < (3, 11):
+        pytest.skip("exception notes need Python 3.11")
+    # JAX's own error is raised, not swallowed, and says what happened and what to do.
+    assert "has been deleted" in r["deleted"]["error"]
+    assert any("donate" in note and "Search with a step that does not donate" in note for note in r["deleted"]["notes"])
+    # A step that keeps its state is searched as usual; a deletion before any OOM gets no note.
+    assert r["kept"] == {"error": None, "notes": []}
+    assert "has been deleted" in r["first"]["error"]
+    assert not any("donate" in note for note in r["first"]["notes"])  # (JAX adds notes of its own)
+
+
 def test_outside_jax_what_a_failure_left_is_reported_but_the_answer_is_still_re_run(monkeypatch: Any) -> None:
     # torch: what stays after a failed step is the step's own state (gradients a failed
     # backward set), which the next step reuses: said, but not held against the cap.

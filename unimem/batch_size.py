@@ -397,14 +397,25 @@ def _next_size(
 # --- one trial ---------------------------------------------------------------------------------
 
 
-def _attempt(step: Callable[[int], Any], size: int) -> tuple[str | None, BaseException | None]:
+_DONATED = (
+    "unimem.find_batch_size: an earlier trial ran out of memory, and a JAX call that fails deletes "
+    "the arrays it was given to donate (donate_argnums; on the H200 every failed call deleted its "
+    "donated input). Search with a step that does not donate (or passes copies), then donate in "
+    "training with the size found"
+)
+
+
+def _attempt(step: Callable[[int], Any], size: int, after_oom: bool) -> tuple[str | None, BaseException | None]:
     """Run ``step(size)``. Returns ``(None, None)`` when it fit; on an out-of-memory
-    error, its first line and, for a final report only, the error with its frames cleared."""
+    error, its first line and, for a final report only, the error with its frames cleared.
+    ``after_oom``: an earlier trial failed, so a step that donates its state has lost it."""
     try:
         step(size)
     except Exception as exc:
         oom = find_oom(exc)
         if oom is None:
+            if after_oom and "has been deleted" in str(exc) and hasattr(exc, "add_note"):
+                exc.add_note(_DONATED)  # JAX's own message names no cause: "Array has been deleted"
             raise
         text = _message(oom).strip().splitlines()
         # The frames hold the failed step's tensors: drop their locals here, so that
@@ -502,7 +513,7 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
             api.reset_peak(backend, device)
             in_use = api.stats(backend, device, nvml=False).allocated
         t0 = time.perf_counter()
-        error, last_oom = _attempt(step, size)
+        error, last_oom = _attempt(step, size, after_oom=bad is not None)
         seconds = time.perf_counter() - t0
         peak: int | None = None
         peak_reserved: int | None = None
@@ -749,7 +760,7 @@ def _kept_note(backend: str | None, trials: list[Trial], limit: int | None) -> s
 def _rerun(step: Callable[[int], Any], settings: _Settings, backend: str | None, size: int, reason: str) -> Trial:
     """One call of ``step`` after the search, released like a trial; its peak is no point of the fit."""
     t0 = time.perf_counter()
-    error, _ = _attempt(step, size)
+    error, _ = _attempt(step, size, after_oom=True)
     seconds = time.perf_counter() - t0
     if settings.measure is not None:
         settings.measure()  # drop this call's peak, so no later reading sees it
