@@ -12,6 +12,7 @@ pure-Python step that raises ``MemoryError``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import warnings
@@ -651,6 +652,38 @@ def test_a_peak_below_the_process_peak_still_bounds_the_next_step(monkeypatch: A
     true_max = (pool.cap - 2 * pool.state) // pool.per_sample
     assert (1 - search.margin) * true_max <= search.batch_size <= true_max
     assert len(search.trials) <= 6
+
+
+class H200JaxTestShape(UnresettablePeak):
+    """The GPU JAX search test's step as the H200 showed it (runs 12-15): peaks through the
+    measured points (30 kB/sample up to 9278, then 41, then 55), rematerialized at the cap up
+    to a size between 73999 (ran) and 77894 (failed), each failure keeping 40 MB of outputs."""
+
+    POINTS = ((0, 250e6), (603, 253.19e6), (9278, 513.79e6), (58613, 2543.5e6), (66784, 2994.8e6), (1 << 20, 60e9))
+    RUNS_UP_TO = 76_000
+
+    def step(self, n: int) -> None:
+        self.calls.append(n)
+        (n0, p0), (n1, p1) = next((a, b) for a, b in itertools.pairwise(self.POINTS) if n <= b[0])
+        peak = p0 + (p1 - p0) * (n - n0) / (n1 - n0) + self.in_use - self.state
+        if peak > self.cap and n > self.RUNS_UP_TO:
+            self.in_use += 40_000_000
+            raise MemoryError("RESOURCE_EXHAUSTED: out of memory")
+        self.peak = max(self.peak, int(min(peak, 0.997 * self.cap)))
+
+
+def test_the_h200_jax_test_shape_is_not_extrapolated_far_past_a_sure_step(monkeypatch: Any) -> None:
+    pool = H200JaxTestShape(state=67_150_080, per_sample=0, cap=3_003_121_664)
+    pool.step(32)  # the test's warm-up at its start size
+    pool.serve(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", unimem.UnimemWarning)
+        search = unimem.find_batch_size(pool.step, start=32, backend="jax", return_trials=True)
+    assert (1 - search.margin) * pool.RUNS_UP_TO <= search.batch_size <= pool.RUNS_UP_TO, str(search)
+    # The line through 603 and 9278 predicted about 90000 (it failed on the GPU, costing a
+    # trial): the sure step comes first, so the only failure is the last, closing one.
+    failed = [t.batch_size for t in search.trials if not t.fits]
+    assert failed == [search.trials[-1].batch_size] and len(search.trials) <= 8, str(search)
 
 
 class RematNeed(Need):
