@@ -168,6 +168,7 @@ import gc
 jax.clear_caches(); gc.collect()  # what of the growth outside the pool compiled steps hold
 R["process_after_clear_caches"] = unimem.stats("jax").process_used
 R["live_arrays"] = [[list(a.shape), a.nbytes] for a in jax.live_arrays()]
+R["largest_layer"] = max(w.nbytes + b.nbytes for w, b in state["params"])
 if search.confirmed is not False:  # False: it warned that the answer no longer runs here
     step(search.batch_size)
     R["reran"] = True
@@ -297,13 +298,13 @@ def test_torch_find_batch_size_under_a_cap(record: Any) -> None:
 @pytest.mark.covers("jax:batch_size")
 def test_jax_find_batch_size_under_a_cap(record: Any) -> None:
     r = _run(JAX_SEARCH)
-    # Two more trials than torch: this step's peaks are not a line in the batch (on the
-    # H200, 30 kB/sample between 603 and 9278, 41 up to 58613, 55 above), so the first
-    # prediction overshoots once; and near the cap XLA rematerializes, so sizes past the
-    # one whose peak reached the cap still fit and the last bracket is climbed by trials
-    # (runs 11 and 12: 10 and 9 trials). A JAX failure costs 10 s and keeps the step's
-    # outputs, so the search climbs from below: at most two failures.
-    _check_search(r["search"], record, max_trials=10)
+    # This step's peaks are not a line in the batch (on the H200, 30 kB/sample between 603
+    # and 9278, 41 up to 58613, 55 above), and near the cap XLA rematerializes, so sizes past
+    # the one whose peak reached the cap still fit and the last bracket is climbed by trials.
+    # Runs 11 and 12 took 10 and 9 trials, a prediction 10x past the largest size run having
+    # failed; since the sure step comes first there (runs 17 and 18): 7. A JAX failure costs
+    # 10 s and keeps the step's outputs, so the search climbs from below: at most two failures.
+    _check_search(r["search"], record, max_trials=8)
     assert sum(1 for t in r["search"]["trials"] if not t["fits"]) <= 2
     record(
         in_use_before=r["in_use_before"],
@@ -318,8 +319,12 @@ def test_jax_find_batch_size_under_a_cap(record: Any) -> None:
     # (NVML: the pool, the measure; XLA's bytes in use are recorded above).
     # What the failed trials left in use (XLA keeps a failed execution's outputs) is what
     # the search reports: the bytes in use after it, less those before.
+    # Read right after a step, XLA's bytes in use differ by one layer's parameters from step
+    # to step (67.15 and 75.54 MB in turn, 8,392,704 B apart, in
+    # benchmarks/results/jax_search_process_growth-gpu-constant-key.json; run 17 read the
+    # higher one after the search): that much either way is not the search's.
     kept = sum(t["kept"] or 0 for t in r["search"]["trials"] if not t["fits"])
-    assert abs((r["in_use_after"] - r["in_use_before"]) - kept) <= 1 << 20
+    assert abs((r["in_use_after"] - r["in_use_before"]) - kept) <= r["largest_layer"] + (1 << 20)
     if r["search"]["confirmed"] is False:
         assert any("fresh process" in note for note in r["search"]["notes"])
     else:
