@@ -921,6 +921,10 @@ def find_batch_size(
     large blocks the step's kept state sat in); if neither runs, the answer is returned
     with a ``UnimemWarning`` and ``confirmed=False``: start a fresh process with it.
 
+    JAX: each failed trial costs about 10 s and keeps the step's outputs in use for good
+    (XLA; measured, held against the cap, and named in ``notes``). A step that donates its
+    state (``donate_argnums``) loses it at the first failure: search with one that does not.
+
     ``return_trials=True`` returns a ``BatchSizeSearch`` with every trial (size, fit or
     not, peak, seconds, why it was tried) instead of the int. Without ``step`` it is a
     decorator: ``@find_batch_size(start=8)`` over ``def step(batch_size, *args)`` gives a
