@@ -1,12 +1,19 @@
-"""What every backend adapter is: a capability table, a phase, a plan, and queries.
+"""What every backend adapter is: a capability table, a phase, a plan, queries, and the
+per-framework behaviour the front asks for by name (OOM recognition, live objects,
+monitor counters, profiler, precision helpers, batch-search hooks, compare workloads).
 
 Configuration is two-step so that ``configure`` can validate everything before it
 changes anything: ``plan()`` is pure and returns ``Step`` objects; the front runs
 their ``run`` callables only once every backend's plan succeeded.
+
+Every optional behaviour has a default here that means "this framework cannot", and a
+row in the capability table (``CAPABILITIES``) that says so; an adapter overrides what
+its framework can do. The front never names a framework: it calls these methods.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.metadata
@@ -18,14 +25,41 @@ import types
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from unimem.config import Settings
-from unimem.errors import ConfigError
+from unimem.errors import ConfigError, UnsupportedFeature
 from unimem.stats import MemoryStats
 from unimem.support import Phase, Support, When
 
-__all__ = ["Backend", "Step", "env_step", "when_imported"]
+if TYPE_CHECKING:
+    from unimem.live_objects import LiveMemory
+    from unimem.loss_scaling import LossScaler, ScalerConfig
+
+__all__ = ["Backend", "Counters", "PrecisionHelpers", "Profiler", "Step", "env_step", "when_imported"]
+
+Counters = tuple[int | None, int | None]  # (allocated, reserved) as a monitor samples them
+
+
+class PrecisionHelpers(Protocol):
+    """What a backend's ``precision`` module offers ``unimem.mixed_precision`` (imports the framework)."""
+
+    def device(self) -> str: ...
+    def dtype(self, name: str) -> Any: ...
+    def check(self, precision: str, compute_dtype: str, device: str) -> None: ...
+    def cast(self, tree: Any, name: str) -> Any: ...
+    def enable(self, precision: str, compute_dtype: str, device: str) -> Callable[[], None]: ...
+    def loss_scaler(self, config: ScalerConfig, enabled: bool) -> LossScaler: ...
+
+
+class Profiler(Protocol):
+    """A framework's own memory profiler, driven by ``unimem.profile``."""
+
+    def start(self, path: Path, max_entries: int) -> None: ...
+    def stop(self, path: Path) -> None: ...
+    def snapshot(self, path: Path, stem: str, running: bool) -> Path: ...
+
 
 STATUS_APPLIED = "applied"  # took effect now
 STATUS_PENDING = "pending"  # set; takes effect when the framework starts
@@ -51,12 +85,27 @@ class Step:
 
 
 class Backend(ABC):
-    """Base of the four adapters. Subclasses fill the class attributes and methods."""
+    """Base of every adapter. Subclasses fill the class attributes and the methods their
+    framework supports; the defaults below mean "cannot" and match an UNSUPPORTED row."""
 
     name: ClassVar[str]
     module: ClassVar[str]  # top-level module of the framework
     distributions: ClassVar[tuple[str, ...]]  # pip distributions that carry it, first found wins
     CAPABILITIES: ClassVar[dict[str, Support]]
+
+    # --- traits the front reads (data, so a newcomer reads them in one place) ----------
+    # Top-level modules whose exception classes are this framework's.
+    error_modules: ClassVar[tuple[str, ...]] = ()
+    # The variable with which a user states preallocation; None: allocates on demand.
+    preallocation_var: ClassVar[str | None] = None
+    # A failed execution keeps its outputs in use until the process ends (XLA does).
+    failed_step_keeps_outputs: ClassVar[bool] = False
+    # reset_peak() restarts the peak exactly, though unimem does the counting (a memory hook):
+    # track() may then reset it per block, as it does where the framework's own reset is native.
+    peak_reset_exact: ClassVar[bool] = False
+    # Snippets an OOM report offers, formatted with {micro}, {steps}, {total}.
+    accumulation_code: ClassVar[str] = ""
+    checkpoint_code: ClassVar[str] = ""
 
     # --- identity ---------------------------------------------------------
     def version(self) -> str | None:
@@ -97,6 +146,11 @@ class Backend(ABC):
         on steps whose moment has passed.
         """
 
+    def takes_safe_growth(self, settings: Settings) -> bool:
+        """Whether growth may be switched on for it when frameworks share a process and the
+        user said nothing about growth (only a preallocating framework needs it)."""
+        return self.preallocation_var is not None and os.environ.get(self.preallocation_var) is None
+
     # --- queries ------------------------------------------------------------
     @abstractmethod
     def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
@@ -113,10 +167,128 @@ class Backend(ABC):
     def clear_cache(self, device: int = 0) -> int:
         """Give cached memory back to the device; return the bytes measured going back."""
 
+    def fragmentation(self, device: int = 0) -> dict[str, int | None] | None:
+        """``free_in_pool``, ``largest_free_block``, ``free_blocks`` of the pool, or None if
+        the framework exposes none (or its runtime has not started). May be slow: on request only."""
+        return None
+
+    def device_uuid(self, device: int) -> str | None:
+        """The device's UUID when the framework already knows it (maps to NVML exactly); never starts it."""
+        return None
+
+    # --- diagnosis: out-of-memory errors --------------------------------------
+    @classmethod
+    def owns_error(cls, exc: BaseException) -> bool:
+        """Whether ``exc``'s class comes from this framework. Imports nothing."""
+        for klass in type(exc).__mro__:
+            module = getattr(klass, "__module__", "") or ""
+            if module.split(".")[0] in cls.error_modules:
+                return True
+        return False
+
+    @classmethod
+    def recognises_oom(cls, exc: BaseException, message: str) -> bool:
+        """Whether ``exc`` (whose text is ``message``) is this framework's out-of-memory error.
+        Imports nothing: class names and modules through the MRO, and the message."""
+        return False
+
+    @classmethod
+    def requested_bytes(cls, message: str) -> tuple[int, str] | None:
+        """``(bytes, how it was read)`` of the failed request, from the error's text."""
+        return None
+
+    def oom_place(self, exc: BaseException, device: int, message: str) -> str | None:
+        """Where the failed allocation was: ``"cuda:N"``/``"gpu:N"``, ``"cpu"``, ``"mps"``; None if unknown."""
+        return None
+
+    def place_spelling(self, place: str) -> str | None:
+        """``place`` (``"cuda:0"``, ``"gpu:0"``, ``"cpu"``) spelled as this framework's live scan matches it."""
+        return place
+
+    def precision_in_force(self) -> tuple[bool, str] | None:
+        """Whether the framework's own mixed-precision switch is on, and how that was read;
+        None when it has none or it cannot be read."""
+        return None
+
+    def live_memory(self, objects: list[object], place: str | None, top: int) -> LiveMemory | None:
+        """The live arrays of this framework on ``place`` (None: all), the ``top`` largest kept.
+        ``objects`` is ``gc.get_objects()`` when ``scan_needs_gc``, else empty. None if it cannot scan."""
+        return None
+
+    scan_needs_gc: ClassVar[bool] = False  # its live scan walks every object the garbage collector tracks
+
+    # --- observation ------------------------------------------------------------
+    def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
+        """A cheap ``() -> (allocated, reserved)`` for a monitor's thread, and a note saying why
+        there is none. Reads ``(None, None)`` until the runtime has started; never starts it."""
+        return None, f"{self.name}: no allocator counters"
+
+    def profiler(self) -> Profiler:
+        """This framework's memory profiler; ``UnsupportedFeature`` when it has none usable here."""
+        raise UnsupportedFeature(self.name, "profile", f"{self.name} has no memory profiler unimem can drive")
+
+    # --- mixed precision ----------------------------------------------------------
+    # An enabled policy belongs to the thread that enabled it (torch's autocast state is
+    # per thread), so only that thread may disable it.
+    precision_state_per_thread: ClassVar[bool] = False
+
+    def precision(self) -> PrecisionHelpers:
+        """The precision helpers (imports the framework); ``UnsupportedFeature`` if none."""
+        raise UnsupportedFeature(self.name, "precision", f"{self.name} runs no computation to set a precision for")
+
+    # --- batch-size search hooks ----------------------------------------------------
+    release_every_trial: ClassVar[bool] = False  # give the cache back after every trial (cheap, and peaks start clean)
+
+    def search_capacity(self, snapshot: MemoryStats) -> int | None:
+        """Bytes a trial's measured peak may reach: the cap by default."""
+        return snapshot.limit
+
+    def pool_overhead(self, peak: int | None, peak_reserved: int | None) -> int:
+        """Bytes the pool holds beyond those in use at a trial's peak, which the cap must also hold."""
+        return 0
+
+    def settle(self, release: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
+        """A context around the search's last call that may run ``release`` at a better moment."""
+        return contextlib.nullcontext()
+
+    # Why bytes stay in use after a failed trial, as the search's note says it.
+    kept_outputs_note: ClassVar[str] = (
+        "something still references what the failed steps allocated (gradients set in a failed backward, "
+        "which the next step reuses, or a caught exception, a list of outputs)"
+    )
+
+    @classmethod
+    def explain_step_error(cls, exc: BaseException, after_oom: bool) -> str | None:
+        """A note naming the cause of a step's own (not out-of-memory) error; ``after_oom``: a trial failed before."""
+        return None
+
+    # --- compare workloads ----------------------------------------------------------
+    runs_workloads: ClassVar[bool] = False  # overrides start_device and workload_step (``unimem compare`` runs it)
+    # Variables a fresh process running its workload starts with unless the user set them (quieter logs).
+    workload_env: ClassVar[dict[str, str]] = {}
+
+    def start_device(self) -> str:
+        """Start the device runtime with a tiny op; returns the device's name ("cpu" without a GPU)."""
+        raise UnsupportedFeature(self.name, "compare", f"{self.name} runs no workload")
+
+    def workload_step(self, workload: str, shapes: Any, dtype: str) -> tuple[Callable[[], None], int]:
+        """``(step, parameter_count)`` of a reference workload (``unimem.workloads``) in this framework."""
+        raise UnsupportedFeature(self.name, "compare", f"{self.name} runs no workload")
+
 
 def no_such_device(backend: str, device: int, count: int) -> ConfigError:
     """The error for a query on a device index the started framework does not have."""
     return ConfigError("device", f"{backend} sees {count} device(s), numbered from 0; there is no device {device}")
+
+
+def error_class_in(exc: BaseException, classes: tuple[tuple[str, str], ...]) -> bool:
+    """Whether a class in ``exc``'s MRO is one of ``(top-level module, class name)``; imports nothing."""
+    for klass in type(exc).__mro__:
+        module = getattr(klass, "__module__", "") or ""
+        for prefix, name in classes:
+            if klass.__name__ == name and (module == prefix or module.startswith(prefix + ".")):
+                return True
+    return False
 
 
 # --- environment helpers -------------------------------------------------------

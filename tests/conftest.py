@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-FRAMEWORKS = ("torch", "tensorflow", "jax")
-FRAMEWORK_MODULES = ("torch", "tensorflow", "jax", "jaxlib")
+FRAMEWORKS = ("torch", "tensorflow", "jax", "cupy")
+FRAMEWORK_MODULES = ("torch", "tensorflow", "jax", "jaxlib", "cupy")
 RESULT_MARK = "@@UNIMEM-RESULT@@"
 
 # Variables that change what unimem or a framework does: a developer's shell must not
@@ -178,13 +178,14 @@ def pyjson():
 
 
 def _unimem_state() -> dict[str, Any]:
-    from unimem.backends import base, nvml_backend
+    from unimem.backends import base
+    from unimem.backends.nvml import gate as nvml_backend
 
-    from unimem import api, registry
+    from unimem import registry
 
     return {
         "environ": dict(os.environ),
-        "configured": list(api._configured),
+        "configured": list(registry._configured),
         "instances": dict(registry._instances),
         "post_import": {key: list(value) for key, value in base._post_import.items()},
         "visible": dict(getattr(base, "_visible", {})),
@@ -195,13 +196,14 @@ def _unimem_state() -> dict[str, Any]:
 
 
 def _restore(state: dict[str, Any]) -> None:
-    from unimem.backends import base, nvml_backend
+    from unimem.backends import base
+    from unimem.backends.nvml import gate as nvml_backend
 
-    from unimem import api, registry
+    from unimem import registry
 
     os.environ.clear()
     os.environ.update(state["environ"])
-    api._configured[:] = state["configured"]
+    registry._configured[:] = state["configured"]
     registry._instances.clear()
     registry._instances.update(state["instances"])
     base._post_import.clear()

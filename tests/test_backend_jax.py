@@ -13,11 +13,11 @@ import sys
 import warnings
 
 import pytest
-from contract import BackendContract
-from unimem.backends import jax_backend
 from unimem.backends.base import pending_hooks
+from unimem.backends.jax import adapter as jax_backend
 
 import unimem
+from unimem.testing import BackendContract
 
 FRACTION_VAR = jax_backend.fraction_variable()
 OTHER_FRACTION_VAR = jax_backend.FRACTION_OLD if FRACTION_VAR == jax_backend.FRACTION_NEW else jax_backend.FRACTION_NEW

@@ -13,10 +13,10 @@ import sys
 import textwrap
 
 import pytest
-from contract import BackendContract
 from unimem.backends.base import pending_hooks
 
 import unimem
+from unimem.testing import BackendContract
 
 
 @pytest.fixture(autouse=True)
@@ -217,7 +217,7 @@ def test_fraction_hook_without_nvml_does_not_break_import_tensorflow(py, tmp_pat
         """
         import sys, warnings
         import unimem
-        from unimem.backends.nvml_backend import nvml_status
+        from unimem.backends.nvml.gate import nvml_status
         assert nvml_status() != "ok", "this test describes a machine without NVML"
         try:
             applied = unimem.configure(backend="tensorflow", fraction=0.5)

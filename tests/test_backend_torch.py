@@ -18,13 +18,13 @@ import warnings
 from typing import Any
 
 import pytest
-from contract import BackendContract
-from unimem.backends import torch_backend
 from unimem.backends.base import _finder, pending_hooks
+from unimem.backends.torch import adapter as torch_backend
 
 import unimem
 from unimem import registry
 from unimem.support import Phase
+from unimem.testing import BackendContract
 
 CONF_VAR = torch_backend._conf_var(torch_backend.TorchBackend().version())
 
@@ -366,7 +366,7 @@ def test_at_first_forward_runs_once_when_the_gradients_are_gone(pyjson: Any) -> 
     events = pyjson(
         """
         import torch
-        from unimem.backends import torch_backend
+        from unimem.backends.torch.search import at_first_forward
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
         events = []
         def step():
@@ -379,7 +379,7 @@ def test_at_first_forward_runs_once_when_the_gradients_are_gone(pyjson: Any) -> 
             events.append("action, gradients None" if gone else "action")
         step()  # gradients exist from here on, as in a training loop
         events.clear()
-        with torch_backend.at_first_forward(action):
+        with at_first_forward(action):
             step()
             step()
         step()  # the hook is gone after the block

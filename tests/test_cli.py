@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import subprocess_env
+from unimem import registry
 
 
 def _unimem(*args: str) -> subprocess.CompletedProcess[str]:
@@ -23,7 +24,7 @@ def test_info_json_lists_frameworks_with_versions_and_says_why_no_gpu() -> None:
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     by_name = {row["backend"]: row for row in data["frameworks"]}
-    assert set(by_name) == {"torch", "tensorflow", "jax", "nvml"}
+    assert set(by_name) == set(registry.BACKENDS)
     for name in ("torch", "tensorflow", "jax"):
         assert by_name[name]["installed"] is True and by_name[name]["version"]
     assert data["devices"] == []

@@ -67,6 +67,17 @@ def test_bad_compare_arguments_are_config_errors(kwargs: dict, parameter: str) -
     assert info.value.parameter == parameter
 
 
+def test_only_frameworks_whose_adapter_runs_the_workloads_are_compared() -> None:
+    from unimem import registry
+
+    runners = compare_module._runners()
+    assert {"torch", "tensorflow", "jax"} <= set(runners) <= set(registry.FRAMEWORKS)
+    for name in [n for n in registry.BACKENDS if n not in runners]:
+        with pytest.raises(unimem.ConfigError) as info:
+            compare_module.compare(frameworks=[name])
+        assert info.value.parameter == "frameworks" and "runs no workload" in str(info.value)
+
+
 def test_parameter_shapes_are_shared_by_every_framework() -> None:
     shapes = compare_module.SIZES["small"]
     from unimem.workloads import parameter_shapes

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from unimem.backends import base, jax_backend, nvml_backend
+from unimem.backends import base
+from unimem.backends.jax import adapter as jax_backend
+from unimem.backends.nvml import gate as nvml_backend
 
 import unimem
-from unimem import api, registry
+from unimem import registry
 from unimem.sizes import parse_size
 
 NAN, INF = float("nan"), float("inf")
@@ -44,7 +46,7 @@ def snapshot() -> dict[str, Any]:
         "meta_path": list(sys.meta_path),
         "post_import": {key: list(value) for key, value in base._post_import.items()},
         "visible_devices": dict(getattr(base, "_visible", {})),
-        "configured": list(api._configured),
+        "configured": list(registry._configured),
         "adapters": {name: _adapter_state(a) for name, a in _adapters().items()},
         "nvml": (nvml_backend._pynvml, nvml_backend._init_error, dict(nvml_backend._handles)),
     }
@@ -283,7 +285,7 @@ def test_any_bad_call_raises_config_error_and_changes_nothing(warm, kwargs):
     finally:
         os.environ.clear()
         os.environ.update(before["environ"])
-        api._configured[:] = before["configured"]
+        registry._configured[:] = before["configured"]
 
 
 # --- sizes -----------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ FIT = """
     import numpy as np, keras
     from PIL import Image
     from unimem.keras_callback import MemoryCallback
+    import unimem.integrations.keras as integration
 
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
@@ -29,6 +30,7 @@ FIT = """
         "epochs": cb.epochs,
         "async_safe": cb.async_safe,
         "png": size,
+        "same_class": MemoryCallback is integration.MemoryCallback,
     }})
 """
 
@@ -55,6 +57,7 @@ def test_callback_records_memory_per_batch_and_epoch(
     assert all(e["peak"] is None and e["duration"] > 0 for e in result["epochs"])
     assert result["async_safe"] is False  # per-batch reads need Keras to wait for the batch
     assert result["png"] == [1000, 500]
+    assert result["same_class"] is True  # unimem.keras_callback re-exports unimem.integrations.keras
 
 
 def test_epoch_only_callback_keeps_async_dispatch(tmp_path: Path, pyjson: Any, need: Any) -> None:
@@ -66,5 +69,8 @@ def test_epoch_only_callback_keeps_async_dispatch(tmp_path: Path, pyjson: Any, n
 
 
 def test_import_unimem_does_not_import_keras(py: Any) -> None:
-    proc = py("import sys, unimem; assert 'keras' not in sys.modules and 'unimem.keras_callback' not in sys.modules")
+    proc = py(
+        "import sys, unimem; assert 'keras' not in sys.modules and 'unimem.keras_callback' not in sys.modules "
+        "and 'unimem.integrations.keras' not in sys.modules"
+    )
     assert proc.returncode == 0, proc.stderr

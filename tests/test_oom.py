@@ -19,7 +19,8 @@ from conftest import run_framework_script
 
 import unimem
 from unimem.oom import find_oom, framework_of, requested_bytes
-from unimem.oom_report import OOMReport, PoolUse, _accumulation, _suggest
+from unimem.oom_report import OOMReport, PoolUse, _suggest
+from unimem.oom_rules import _accumulation
 from unimem.pool_fragmentation import Fragmentation
 from unimem.stats import MemoryStats
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from unimem import registry
+
 REPO = Path(__file__).resolve().parent.parent
 _IGNORE = shutil.ignore_patterns(
     ".git",
@@ -39,8 +41,11 @@ _IGNORE = shutil.ignore_patterns(
 CHECK = textwrap.dedent(
     """
     import importlib.util, json, os, shutil, sys
-    import unimem, unimem.backends.torch_backend, unimem.backends.nvml_backend
-    from unimem.backends import tensorflow_backend, jax_backend
+    import importlib
+    import unimem
+    from unimem import registry
+    # Every adapter of the registry's table, imported from the wheel (no framework needed).
+    adapters = {name: registry.adapter_class(name).__module__ for name in registry.BACKENDS}
     package = os.path.dirname(unimem.__file__)
     print(json.dumps({
         "available": unimem.available_backends(),
@@ -50,6 +55,7 @@ CHECK = textwrap.dedent(
         "script": shutil.which("unimem", path=os.path.dirname(sys.executable)),
         "file": unimem.__file__,
         "capabilities": sorted(unimem.capabilities("torch")) == sorted(unimem.capabilities("jax")),
+        "adapters": adapters,
     }))
     """
 )
@@ -99,7 +105,8 @@ def test_wheel_installs_into_a_fresh_venv(source, tmp_path):
     tops = {name.split("/")[0] for name in names}
     assert tops <= {"unimem", next(t for t in tops if t.endswith(".dist-info"))}, f"unexpected top level: {tops}"
     assert "unimem/py.typed" in names
-    assert {f"unimem/backends/{n}_backend.py" for n in ("torch", "tensorflow", "jax", "nvml")} <= set(names)
+    for name in registry.BACKENDS:  # every backend folder is in the wheel
+        assert f"unimem/backends/{name}/__init__.py" in names, f"the wheel lacks unimem/backends/{name}/"
     assert not any(name.startswith(("backends/", "tests/")) for name in names)
 
     python = _fresh_venv(tmp_path / "venv")
@@ -111,6 +118,7 @@ def test_wheel_installs_into_a_fresh_venv(source, tmp_path):
     assert out["frameworks_loaded"] == []
     assert out["script"] is not None
     assert out["capabilities"] is True
+    assert out["adapters"] == {name: f"unimem.backends.{name}.adapter" for name in registry.BACKENDS}
     assert str(tmp_path / "venv") in out["file"]
     _check_cli(python, cwd=tmp_path)
 

@@ -168,8 +168,16 @@ restore["end"] = state()
 bf16.enable(); fp16.enable()
 restore["nested"] = state()
 restore["out_of_order"] = error_of(bf16.disable)
+from unimem.precision import enabled_backends
+import threading
+restore["enabled_backends"] = enabled_backends()
+other = {}
+worker = threading.Thread(target=lambda: other.update(error=error_of(fp16.disable)))
+worker.start(); worker.join()
+restore["other_thread"] = other["error"]
 fp16.disable(); restore["after_inner"] = state()
 bf16.disable(); restore["after_outer"] = state()
+restore["enabled_backends_after"] = enabled_backends()
 R["restore"] = restore
 
 # The Keras-only optimizer wrapper is refused with the way forward.
@@ -463,6 +471,16 @@ R["noop_jit"] = float(jax.jit(lambda s, l: s.scale(l))(noop, jnp.asarray(3.0)))
 R["restore"] = {"active": policy.enable().active}
 policy.disable()
 R["restore"]["inactive"] = not policy.active
+# No per-thread state in JAX: another thread may turn the policy off.
+import threading
+from unimem.precision import enabled_backends
+policy.enable()
+other = {"enabled_backends": enabled_backends()}
+worker = threading.Thread(target=lambda: other.update(error=error_of(policy.disable)))
+worker.start(); worker.join()
+other["inactive"] = not policy.active
+other["enabled_backends_after"] = enabled_backends()
+R["other_thread"] = other
 R["errors"]["wrap_optimizer"] = error_of(lambda: policy.wrap_optimizer(object()))
 R["errors"]["scaler_args"] = error_of(lambda: policy.loss_scaler(initial_scale=float("inf")))
 R["default_backend"] = unimem.mixed_precision("bf16").backend
@@ -676,6 +694,24 @@ def test_torch_disable_restores_the_previous_autocast_state() -> None:
     assert r["after_outer"] == [False, "bfloat16"]
 
 
+def test_torch_policy_is_disabled_only_by_the_thread_that_enabled_it() -> None:
+    """Autocast state is per thread (the backend's ``precision_state_per_thread``)."""
+    r = _probe("torch")["restore"]
+    assert r["other_thread"]["type"] == "UnimemError" and "thread" in r["other_thread"]["message"]
+    assert r["after_inner"] == [True, "bfloat16"], "the refused disable changed nothing"
+
+
+def test_enabled_backends_lists_frameworks_with_a_policy_on() -> None:
+    from unimem.precision import enabled_backends
+
+    assert enabled_backends() == []
+    torch_restore = _probe("torch")["restore"]
+    assert torch_restore["enabled_backends"] == ["torch"]
+    assert torch_restore["enabled_backends_after"] == []
+    other = _probe("jax")["other_thread"]
+    assert other["enabled_backends"] == ["jax"] and other["enabled_backends_after"] == []
+
+
 @pytest.mark.covers("tensorflow:precision.bf16", "tensorflow:precision.fp16")
 def test_tensorflow_disable_restores_the_previous_keras_policy() -> None:
     r = _probe("tensorflow")["restore"]
@@ -696,6 +732,7 @@ def test_tensorflow_disable_restores_the_previous_keras_policy() -> None:
 def test_jax_policy_has_no_global_state_to_restore() -> None:
     probe = _probe("jax")
     assert probe["restore"] == {"active": True, "inactive": True}
+    assert probe["other_thread"]["error"] is None and probe["other_thread"]["inactive"] is True
     assert probe["dtypes"]["bf16"]["active_in_with"] is True
 
 

@@ -1,7 +1,8 @@
 """One ``unimem compare`` measurement, in a fresh process: configure, start, train, report JSON.
 
 Run as ``python -m unimem._compare_worker FRAMEWORK WORKLOAD CONFIG SIZE STEPS``; prints one
-JSON object on the last line of stdout.
+JSON object on the last line of stdout. The framework's adapter starts the device and builds
+the step (``start_device``, ``workload_step``); nothing here names a framework.
 """
 
 from __future__ import annotations
@@ -37,37 +38,16 @@ def _peak_rss() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def _start_device(framework: str) -> str:
-    if framework == "torch":
-        import torch
-
-        if torch.cuda.is_available():
-            torch.zeros(1, device="cuda")
-            torch.cuda.synchronize()
-            return torch.cuda.get_device_name(0)
-        return "cpu"
-    if framework == "jax":
-        import jax
-        import jax.numpy as jnp
-
-        jnp.zeros(1).block_until_ready()
-        return str(jax.devices()[0].device_kind)
-    import tensorflow as tf
-
-    tf.zeros(1).numpy()
-    gpus = tf.config.list_logical_devices("GPU")
-    return gpus[0].name if gpus else "cpu"
-
-
 def measure(framework: str, workload: str, config: str, size: str, steps: int) -> dict[str, Any]:
     import unimem
+    from unimem import registry
     from unimem.workloads import SIZES, build_step
 
     result: dict[str, Any] = {"framework": framework, "workload": workload, "config": config, "size": size}
     applied = unimem.configure(backend=framework, strict=False, **CONFIGS[config])
     result["applied"] = [f"{a.setting}={a.value}: {a.status}" + (f" ({a.note})" if a.note else "") for a in applied]
     t0 = time.perf_counter()
-    result["device"] = _start_device(framework)
+    result["device"] = registry.get_backend(framework).start_device()
     result["start_seconds"] = time.perf_counter() - t0
     start = unimem.stats(framework)
     result["start_process_used"] = start.process_used

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import warnings
 from collections.abc import Sequence
@@ -11,10 +10,10 @@ from typing import TYPE_CHECKING
 
 from . import registry
 from .applied import Action, Applied
-from .config import ENV_VARS, Request, Settings, parse_env
+from .config import ENV_VARS, Request, Settings, check_device, parse_env
 from .errors import BackendUnavailable, ConfigError, TooLateError, UnimemWarning, UnsupportedFeature
 from .stats import MemoryStats
-from .support import Phase, Support
+from .support import Support
 
 if TYPE_CHECKING:
     from unimem.backends.base import Step
@@ -31,11 +30,11 @@ __all__ = [
 ]
 
 _lock = threading.RLock()
-_configured: list[str] = []  # backends configure() was called for, in order
 
 
 def configured_backends() -> list[str]:
-    return list(_configured)
+    """Frameworks named to ``configure()`` in this process, in order."""
+    return registry.configured()
 
 
 def _resolve_for_configure(backend: object, fraction: object, limit: object) -> tuple[str, ...]:
@@ -48,7 +47,7 @@ def _resolve_for_configure(backend: object, fraction: object, limit: object) -> 
             return tuple(imported)
         # Nothing imported yet (configure at the top of a script): every installed
         # framework gets the settings it can take before import. Still imports nothing.
-        installed = [name for name in registry.available_backends() if name in registry.FRAMEWORKS]
+        installed = registry.installed_frameworks()
         if not installed:
             raise BackendUnavailable(
                 "no framework is installed: pip install 'unimem[torch]', 'unimem[jax]' or 'unimem[tensorflow]'"
@@ -107,9 +106,7 @@ def configure(
         # Only backends the user named (or that were in use) make stats() unambiguous;
         # "auto" spreading settings over every installed framework must not.
         in_use = registry.imported_frameworks()
-        for name in request.backends:
-            if (split or not auto or name in in_use) and name not in _configured:
-                _configured.append(name)
+        registry.note_configured([name for name in request.backends if split or not auto or name in in_use])
         return Applied(tuple(actions), request.backends)
 
 
@@ -200,11 +197,6 @@ def _apply(plans: list[Step]) -> list[Action]:
     return actions
 
 
-# Frameworks that take most of the device at start unless told otherwise, and the
-# variable with which a user says so explicitly.
-_PREALLOCATING = {"jax": "XLA_PYTHON_CLIENT_PREALLOCATE", "tensorflow": "TF_FORCE_GPU_ALLOW_GROWTH"}
-
-
 def _safe_growth_default(
     backend: object,
     names: tuple[str, ...],
@@ -215,34 +207,29 @@ def _safe_growth_default(
 ) -> dict[str, list[str]]:
     """Turn growth on for preallocating frameworks when several frameworks share the process.
 
-    A framework that preallocates (JAX 75% of the device, TF nearly all of it) starves
-    the others. Applies only where the user said nothing about growth: no ``growth=``,
-    no preallocation variable in the environment, and (TF) no cap, which TF cannot
-    combine with growth. Returns ``{backend: frameworks sharing}`` for those changed.
+    A framework that preallocates (most of the device at its first op) starves the
+    others. Applies only where the user said nothing about growth, and where the
+    backend takes it (``Backend.takes_safe_growth``: no preallocation variable set, and
+    no cap the framework cannot combine with growth). Returns ``{backend: frameworks
+    sharing}`` for those changed.
     """
     if growth is not None:
         return {}
     auto = isinstance(backend, str) and backend.strip().lower() == "auto"
     split = isinstance(fraction, dict) or isinstance(limit, dict)
     # In use = named by the user (now or in an earlier configure) or device runtime
-    # started. Imported alone does not count: TF imports JAX for TF Lite and never runs it.
-    sharing = [n for n in _configured if n in registry.FRAMEWORKS]
-    for name in registry.imported_frameworks():
-        if name not in sharing and registry.get_backend(name).phase() is Phase.INITIALIZED:
-            sharing.append(name)
+    # started. Imported alone does not count: one framework may import another and never run it.
+    sharing = registry.configured()
+    sharing += [n for n in registry.started_frameworks() if n not in sharing]
     if not auto or split:
-        sharing += [n for n in names if n in registry.FRAMEWORKS and n not in sharing]
+        sharing += [n for n in names if registry.is_framework(n) and n not in sharing]
     if len(sharing) < 2:
         return {}
     changed: dict[str, list[str]] = {}
     for name in names:
-        variable = _PREALLOCATING.get(name)
-        if variable is None or name not in sharing or os.environ.get(variable) is not None:
+        if name not in sharing or not registry.get_backend(name).takes_safe_growth(settings[name]):
             continue
-        current = settings[name]
-        if name == "tensorflow" and (current.fraction is not None or current.limit is not None):
-            continue  # capped: it takes only its share, and growth would conflict with the cap
-        settings[name] = dataclasses.replace(current, growth=True)
+        settings[name] = dataclasses.replace(settings[name], growth=True)
         changed[name] = sharing
     return changed
 
@@ -263,72 +250,50 @@ def configure_from_env() -> Applied:
         raise ConfigError(var, message) from None
 
 
-def in_use() -> list[str]:
-    """The backends ``backend=None`` may mean, most specific evidence first: what the user
-    configured; else what started its device runtime; else what is imported (TF imports
-    JAX for TF Lite, so imported alone is weak evidence of use)."""
-    imported = registry.imported_frameworks()
-    started = [name for name in imported if registry.get_backend(name).phase() is Phase.INITIALIZED]
-    return list(_configured) or started or imported
-
-
-def _ambiguous(candidates: list[str]) -> ConfigError:
-    """The error for ``backend=None`` while several frameworks are in use: unimem never guesses."""
-    which = " and ".join(candidates) + (" are both" if len(candidates) == 2 else " are all")
-    return ConfigError("backend", f"{which} in use in this process; pass backend= one of them")
-
-
-def _resolve_query(backend: str | None) -> str:
-    if backend is not None:
-        return registry.canonical_name(backend)
-    candidates = in_use()
-    if len(candidates) == 1:
-        return candidates[0]
-    if len(candidates) > 1:
-        raise _ambiguous(candidates)
-    if "nvml" in registry.available_backends():
-        return "nvml"
-    raise BackendUnavailable(
-        "no framework is imported or configured and NVML is not installed; pass backend=, or pip install 'unimem[nvml]'"
-    )
-
-
-def _check_device(device: object) -> int:
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise ConfigError("device", f"expected a device index (0 or more), got {device!r}")
-    return device
-
-
 def stats(backend: str | None = None, device: int = 0, *, nvml: bool = True) -> MemoryStats:
     """Memory of ``device`` as ``backend`` and NVML see it; unknown figures are None.
 
     Never starts a framework's device runtime: before it started, its figures are None.
     ``nvml=False`` reads the framework's own counters only (device and process figures
     are then None): NVML's per-process query costs tens of µs, too much for a hot loop.
+    ``backend=None`` follows the query rule (``unimem.registry``): the framework named in
+    ``configure()``, else the one whose device runtime started, else the framework-free
+    view (NVML; every figure None on a host without a driver).
     """
-    device = _check_device(device)
+    device = check_device(device)
     if not isinstance(nvml, bool):
         raise ConfigError("nvml", f"expected True or False, got {nvml!r}")
-    name = _resolve_query(backend)
-    if backend is None and name == "nvml":
-        return fallback_stats(device)
+    name = registry.resolve(backend, "query")
+    if name is None:
+        return framework_free_stats(device)
     return registry.get_backend(name).stats(device, nvml=nvml)
 
 
-def fallback_stats(device: int) -> MemoryStats:
-    """What ``stats()`` answers when nothing is in use: NVML's figures, and on a machine
-    without a driver a snapshot of Nones rather than an error (an explicit
+def framework_free_stats(device: int) -> MemoryStats:
+    """The framework-free view: NVML's figures, and on a machine without a driver (or
+    without nvidia-ml-py) a snapshot of Nones rather than an error (an explicit
     ``backend="nvml"`` raises)."""
-    from unimem.backends.nvml_backend import device_figures
+    name = registry.FRAMEWORK_FREE
+    try:
+        return registry.get_backend(name).stats(device)
+    except BackendUnavailable:
+        return MemoryStats(name, device)
 
-    total, free, used = device_figures(device)
-    return MemoryStats("nvml", device, device_total=total, device_free=free, process_used=used)
+
+_check_device = check_device  # the name other front modules import
+
+
+def _query_backend(backend: str | None) -> str:
+    """The backend a pool action (reset_peak, clear_cache) acts on: the query rule, and the
+    framework-free view (which has no pool, so it refuses with the reason)."""
+    name = registry.resolve(backend, "query")
+    return registry.FRAMEWORK_FREE if name is None else name
 
 
 def reset_peak(backend: str | None = None, device: int = 0) -> None:
     """Start the peak figures afresh (see ``capabilities(b)['reset_peak']`` for limits)."""
-    device = _check_device(device)
-    registry.get_backend(_resolve_query(backend)).reset_peak(device)
+    device = check_device(device)
+    registry.get_backend(_query_backend(backend)).reset_peak(device)
 
 
 def clear_cache(backend: str | None = None, device: int = 0) -> int:
@@ -337,8 +302,8 @@ def clear_cache(backend: str | None = None, device: int = 0) -> int:
     Returns the bytes measured going back (0 if none, or if the framework cannot:
     it then warns with ``UnimemWarning`` saying what to do instead).
     """
-    device = _check_device(device)
-    return registry.get_backend(_resolve_query(backend)).clear_cache(device)
+    device = check_device(device)
+    return registry.get_backend(_query_backend(backend)).clear_cache(device)
 
 
 def capabilities(backend: str) -> dict[str, Support]:

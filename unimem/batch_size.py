@@ -36,19 +36,23 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import itertools
 import math
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from . import api, registry
 from .errors import ConfigError, OutOfMemory, UnimemWarning
 from .oom import _message, clear_frames, find_oom
+from .search_math import fit, knee, next_size, plateau_ratio, predict, safe_size, saturation_note
+from .search_math import fit_linear as fit_linear  # re-exported: the fit's public helper
 from .sizes import format_bytes, parse_size
 from .stats import MemoryStats
+
+if TYPE_CHECKING:
+    from unimem.backends.base import Backend
 
 __all__ = ["BatchSizeSearch", "Trial", "find_batch_size"]
 
@@ -222,204 +226,128 @@ def _check(
     )
 
 
-# --- the fit ---------------------------------------------------------------------------------
+# --- the state of one search -------------------------------------------------------------------
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+@dataclass
+class _Run:
+    """What one search knows so far; the trial runner and the conclusion update it."""
+
+    settings: _Settings
+    backend: str | None = None  # the framework whose figures are read; None: none in use
+    adapter: Backend | None = None  # its adapter, asked what the search does differently for it
+    limit: int | None = None  # bytes a trial's peak may reach
+    measured_by: str = ""
+    baseline: int | None = None  # bytes in use before the search, which every peak includes
+    before: MemoryStats | None = None
+    trials: list[Trial] = field(default_factory=list)
+    points: list[tuple[int, int]] = field(default_factory=list)  # (size, peak) of the trials that fit
+    # A framework that cannot reset its peak reads None for a trial below the process's peak
+    # so far. That peak, while the search has seen every step since it was read (no failure,
+    # whose partial allocations it would not see), bounds the trial's from above: a (size,
+    # bound) point keeps the sure lower bound sure, though it is no point of the fit.
+    bounded: list[tuple[int, int]] = field(default_factory=list)
+    running_peak: int | None = None
+    kept_total: int = 0  # bytes failed trials left in use for good (``failed_step_keeps_outputs``)
+    overhead: int = 0  # the pool's bytes beyond those in use, at the largest trial that fit
+    good: int = 0  # the largest size that ran
+    bad: int | None = None  # the smallest size that did not
+    model: tuple[float, float] | None = None
+    last_oom: BaseException | None = None
+
+    @property
+    def device(self) -> int:
+        return self.settings.device
+
+    def use(self, backend: str | None) -> None:
+        """Read ``backend``'s figures from now on (None: no framework's)."""
+        self.backend = backend
+        self.adapter = None if backend is None else registry.get_backend(backend)
 
 
-def fit_linear(
-    points: list[tuple[int, int]], *, largest: int = 5, baseline: int | None = None
-) -> tuple[float, float] | None:
-    """``(a, b)`` of ``bytes = a + b × batch`` by Theil–Sen over the ``largest`` biggest
-    sizes (small batches are dominated by allocator granularity and by fixed costs, and
-    the fit is used to extrapolate upwards), or None when memory does not grow with the
-    batch there or fewer than two sizes are known. Among five sizes, one wild reading
-    moves it little. A run of equal peaks at the small end (a plateau) is left out.
-
-    With ``baseline`` (bytes in use before the search), sizes whose use above it is under
-    a quarter of the largest's are left out: their peak is set by something that does
-    not grow with the batch (an optimizer step's temporaries can top a small batch's
-    activations), and a slope through such a plateau would predict far too much."""
-    return _fit(points, largest=largest, baseline=baseline)[0]
-
-
-def _fit(
-    points: list[tuple[int, int]], *, largest: int = 5, baseline: int | None = None
-) -> tuple[tuple[float, float] | None, bool]:
-    """``fit_linear``'s model, and whether the peaks grew convexly (sizes under the
-    plateau filter were left out, or the largest lies well above the line): then the
-    model's slope is a lower bound and its prediction an upper estimate, not a point one."""
-    chosen = sorted(points)[-largest:]
-    # A run of equal peaks at the small end is a plateau of fixed costs: none of its
-    # sizes lies on the line (a slope from its last one to the next would be too flat).
-    plateau = False
-    while len(chosen) >= 2 and chosen[1][1] <= chosen[0][1]:
-        chosen.pop(0)
-        plateau = True
-    if plateau:
-        chosen.pop(0)
-    convex = False
-    if baseline is not None and chosen:
-        top = max(m for _, m in chosen) - baseline
-        kept = [(n, m) for n, m in chosen if m - baseline >= top / 4]
-        convex = len(kept) < len(chosen)
-        chosen = kept
-    slopes = [(m2 - m1) / (n2 - n1) for (n1, m1), (n2, m2) in itertools.combinations(chosen, 2) if n2 != n1]
-    if not slopes:
-        return None, convex
-    b = _median(slopes)
-    if b <= 0:
-        return None, convex
-    a = _median([m - b * n for n, m in chosen])
-    # The largest size well above the line: the peaks steepen (the peak moved from a fixed
-    # part to the activations), or one reading is wild. Either way the line is no point
-    # estimate of what lies beyond.
-    n, m = chosen[-1]
-    convex = convex or m - (a + b * n) > 0.05 * b * n
-    return (a, b), convex
-
-
-def _predict(model: tuple[float, float] | None, limit: int | None) -> int | None:
-    if model is None or limit is None:
+def _framework(settings: _Settings) -> str | None:
+    """The framework whose figures to read: the one named (None for the framework-free view),
+    else the one an action means (``registry.resolve``); None while no framework is configured
+    or imported (the first trial may import it). Several in use is a ``ConfigError``."""
+    if settings.backend is not None:
+        return settings.backend if registry.is_framework(settings.backend) else None
+    try:
+        return registry.resolve(None, "action")
+    except ConfigError:
+        if registry.imported_frameworks() or registry.configured():
+            raise  # several in use: unimem never guesses
         return None
-    a, b = model
-    return max(0, math.floor((limit - a) / b))
 
 
-def _safe_size(points: list[tuple[int, int]], baseline: int | None, limit: int | None) -> int | None:
-    """The largest size that surely fits if the use above ``baseline`` grows at most in
-    proportion to the batch (true when it is fixed costs plus a per-sample part): from the
-    largest measured size n with peak p, ``n × (limit - baseline) / (p - baseline)``."""
-    if baseline is None or limit is None or not points:
+def _snapshot(run: _Run) -> MemoryStats | None:
+    return None if run.backend is None else api.stats(run.backend, run.device)
+
+
+def _capacity(run: _Run, snapshot: MemoryStats | None) -> int | None:
+    """Bytes the measured peak may reach, as the framework reads its snapshot (its cap by default)."""
+    if snapshot is None or run.adapter is None:
         return None
-    n, peak = max(points)
-    if peak <= baseline or limit <= baseline:
-        return None
-    return math.floor(n * (limit - baseline) / (peak - baseline))
+    return run.adapter.search_capacity(snapshot)
 
 
-def _plateau_ratio(points: list[tuple[int, int]]) -> float:
-    """When the two largest sizes measured peaked the same, the ratio of those sizes; else 0."""
-    if len(points) < 2:
-        return 0.0
-    (n1, m1), (n2, m2) = sorted(points)[-2:]
-    return n2 / n1 if m2 <= m1 else 0.0
+def _measured_by(run: _Run) -> str:
+    if run.settings.measure is not None:
+        return "measure="
+    if run.backend is not None:
+        return f"stats({run.backend!r}).{_PEAK_FIELD}"
+    return "nothing (no framework in use, no measure=)"
 
 
-# A line through sizes this many times smaller than its prediction is no point estimate
-# while a sure step exists: XLA's peaks on the H200 grew 30 kB/sample up to 9278, then 41
-# and 55, so a prediction of 89840 from 9278 failed (10 s and 40 MB of kept outputs),
-# where the sure step (58613) fit. Over 3000 random convex needs: trials unchanged (mean
-# 4.62), failures 1.16 -> 1.12 per search.
-_MAX_EXTRAPOLATION = 4.0
+def _open(settings: _Settings) -> _Run:
+    """The search's state before its first trial: the framework, the limit, the baseline."""
+    run = _Run(settings)
+    run.use(_framework(settings))
+    if settings.limit is not None and settings.measure is None and run.backend is None:
+        raise ConfigError(
+            "limit",
+            "a limit needs each trial's peak memory, and no framework is in use to report it; "
+            "pass measure= (a callable returning the last trial's peak bytes) or backend=",
+        )
+    if run.backend is not None:
+        _release(run)
+    run.before = _snapshot(run)
+    run.limit = settings.limit if settings.limit is not None else _capacity(run, run.before)
+    run.measured_by = _measured_by(run)
+    # The baseline turns one measured trial into a size that surely fits (see safe_size).
+    run.baseline = settings.baseline
+    if run.baseline is None and settings.measure is None and run.before is not None:
+        run.baseline = run.before.allocated
+    if run.before is not None and settings.measure is None:
+        run.running_peak = run.before.peak_allocated
+    return run
 
 
-def _next_size(
-    good: int,
-    bad: int | None,
-    upper: int | None,
-    predicted: int | None,
-    margin: float,
-    safe: int | None = None,
-    flat: float = 0.0,
-    convex: bool = False,
-    jumped: bool = False,
-    saturated: bool = False,
-    refit: bool = False,
-) -> tuple[int, str]:
-    """The next size to try, and why. ``good`` >= 1 is the largest that fit, ``bad`` the
-    smallest that did not; ``predicted`` is the linear fit's answer and ``safe`` the
-    proportional lower bound (both may be None); ``flat``: when the two largest sizes
-    measured peaked the same (a plateau of fixed costs), the ratio of those sizes, else 0;
-    ``convex``: the fit saw the peaks grow faster at larger sizes, so ``predicted`` is only
-    an upper estimate; ``jumped``: the last trial was a sure step, and it fit;
-    ``saturated``: the peaks stopped growing near the limit (see ``_knee``) and nothing
-    failed yet: only a step by the margin is safe (a failed JAX trial costs 10 s and keeps
-    the step's outputs); ``refit``: a size fit after the smallest failure, so ``predicted``
-    comes from a point the failure did not.
-
-    The answer lies between a lower estimate (``good``, raised to ``safe``) and an upper
-    one (the prediction, else one below the smallest failure). A step's peak is often
-    convex in the batch: at small sizes a fixed part (gradients, an optimizer step's
-    temporaries) tops the activations, so a line through small sizes predicts too much.
-    Hence: when the two estimates are within a factor of two, aim just under the upper
-    one; when they are further apart, aim at their geometric mean (a bisection in
-    log-size, which halves the uncertainty whichever way the trial goes)."""
-    bounds = [x for x in (None if bad is None else bad - 1, upper) if x is not None]
-    high = min(bounds) if bounds else None
-    low = good
-    if safe is not None and (high is None or safe * (1 - margin / 2) < high):
-        # (A failure at or below the sure bound refutes it: the limit was optimistic.)
-        low = max(low, math.floor(safe * (1 - margin / 2)))
-    else:
-        safe = None
-    # A prediction is a point estimate unless the peaks grew convexly, or (with a sure
-    # bound) it lies more than twice above that bound, or, when that bound is a step up,
-    # more than _MAX_EXTRAPOLATION times the largest size that ran: a line through small
-    # sizes, whose peak a fixed part sets, predicts far too much.
-    trusted = (
-        predicted is not None
-        and not convex
-        and (safe is None or predicted <= 2 * max(low, 1))
-        and (safe is None or low <= good or predicted <= _MAX_EXTRAPOLATION * good)
-    )
-    top = predicted if predicted is not None and (high is None or predicted <= high) else high
-    # A prediction at most a margin above the smallest failure, still made after a size that
-    # fit since that failure (a new point, and the line holds), is right but for noise: the
-    # limit lies just under the failure, so aim there rather than bisect from ``good``.
-    near_miss = refit and predicted is not None and bad is not None and bad <= predicted <= bad / (1 - margin)
-    aimed = top is not None and (top == predicted or near_miss)
-    if top is None:
-        # Nothing above is known: the sure step (it grows by the headroom's ratio), or
-        # grow while a plateau of fixed costs keeps the sure step small, squaring the
-        # ratio at each step on the plateau (a long plateau costs few trials).
-        size, reason = (low, "safe-jump") if safe is not None else (2 * good, "grow")
-        stride = min(16.0, max(2.0, flat**2))
-        if flat and size < stride * good:
-            size, reason = math.floor(stride * good), "grow"
-    elif bad is None and top == upper and (trusted or 2 * low >= top):
-        size, reason = top, "upper-bound"
-    elif aimed and trusted:
-        size, reason = max(low, math.floor(top * (1 - margin / 2))), "predict"
-    elif low > good and top <= 4 * low and (low >= 1.15 * good or top <= 1.5 * low or not jumped):
-        # The sure bound is a step up and the answer is not far above it: take it (it
-        # fits, and the next step starts from there). Not for a second small step in a
-        # row: a sure bound that a fixed part keeps loose creeps up a few percent a trial.
-        size, reason = low, "safe-jump"
-    else:
-        # Far apart, or the prediction was refuted by a failure below it: log-bisect.
-        base = max(low, 1)
-        size = max(low, math.floor(math.sqrt(base * top)) if top > base else top)
-        reason = "predict-far" if top == predicted else "bisect"
-    close = math.floor(good / (1 - margin)) + 1
-    if saturated:
-        size, reason = close, "saturated"
-    if size < close:
-        # Near the edge: the smallest size whose failure ends the search beats a small
-        # step up (it fails and ends it, or fits and gains more).
-        size, reason = close, "close"
-    size = max(good + 1, size)
-    if high is not None:
-        size = min(size, high)
-    return size, reason
+def _adopt(run: _Run) -> None:
+    """After the first trial, which may have imported the framework: read its figures from now on."""
+    run.use(_framework(run.settings))
+    if run.backend is not None and run.settings.measure is None:
+        run.measured_by = _measured_by(run)
+        run.limit = run.settings.limit if run.settings.limit is not None else _capacity(run, _snapshot(run))
 
 
 # --- one trial ---------------------------------------------------------------------------------
 
 
-_DONATED = (
-    "unimem.find_batch_size: an earlier trial ran out of memory, and a JAX call that fails deletes "
-    "the arrays it was given to donate (donate_argnums; on the H200 every failed call deleted its "
-    "donated input). Search with a step that does not donate (or passes copies), then donate in "
-    "training with the size found"
-)
+def _step_error_note(adapter: Backend | None, exc: BaseException, after_oom: bool) -> str | None:
+    """What a framework says caused a step's own error: the search's framework first, then each
+    one imported (the step may run one whose figures the search does not read)."""
+    classes: list[type[Backend]] = [type(adapter)] if adapter is not None else []
+    classes += [registry.adapter_class(name) for name in registry.imported_frameworks()]
+    for cls in dict.fromkeys(classes):
+        note = cls.explain_step_error(exc, after_oom)
+        if note is not None:
+            return note
+    return None
 
 
-def _attempt(step: Callable[[int], Any], size: int, after_oom: bool) -> tuple[str | None, BaseException | None]:
+def _attempt(
+    step: Callable[[int], Any], size: int, after_oom: bool, adapter: Backend | None
+) -> tuple[str | None, BaseException | None]:
     """Run ``step(size)``. Returns ``(None, None)`` when it fit; on an out-of-memory
     error, its first line and, for a final report only, the error with its frames cleared.
     ``after_oom``: an earlier trial failed, so a step that donates its state has lost it."""
@@ -428,8 +356,9 @@ def _attempt(step: Callable[[int], Any], size: int, after_oom: bool) -> tuple[st
     except Exception as exc:
         oom = find_oom(exc)
         if oom is None:
-            if after_oom and "has been deleted" in str(exc) and hasattr(exc, "add_note"):
-                exc.add_note(_DONATED)  # JAX's own message names no cause: "Array has been deleted"
+            note = _step_error_note(adapter, exc, after_oom)
+            if note is not None and hasattr(exc, "add_note"):
+                exc.add_note(note)  # the framework's own message may name no cause
             raise
         text = _message(oom).strip().splitlines()
         # The frames hold the failed step's tensors: drop their locals here, so that
@@ -439,213 +368,183 @@ def _attempt(step: Callable[[int], Any], size: int, after_oom: bool) -> tuple[st
     return None, None
 
 
-def _release(backend: str | None, device: int, *, failed: bool = False, final: bool = False) -> None:
+def _release(run: _Run, *, failed: bool = False, final: bool = False) -> None:
     """Give back what the last trial left, outside any ``except`` block."""
     if failed or final:
         gc.collect()  # a failed step's objects may sit in reference cycles
-    if backend is None:
+    if run.adapter is None:
         return
-    if backend == "torch" or final:
-        # torch: every trial, so the next peak is measured from a clean pool. JAX/TF:
-        # at the end only (JAX's clear drops compiled steps; TF warns it cannot free).
+    if run.adapter.release_every_trial or final:
+        # Every trial where that is cheap, so the next peak is measured from a clean pool;
+        # elsewhere at the end only (clearing may drop compiled steps, or cannot free).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UnimemWarning)
-            api.clear_cache(backend, device)
+            api.clear_cache(run.backend, run.device)
 
 
-def _framework(settings: _Settings) -> str | None:
-    """The framework whose figures to read: the one named, else the one in use (like
-    ``stats()``; several in use without ``backend=`` is a ``ConfigError``); None if none."""
-    if settings.backend is not None:
-        return settings.backend if settings.backend in registry.FRAMEWORKS else None
-    if not registry.imported_frameworks() and not api.configured_backends():
+def _read_peak(run: _Run, size: int) -> tuple[int | None, int | None]:
+    """The peak (and the pool's peak) of the trial that just fit; notes the pool's overhead."""
+    if run.settings.measure is not None:
+        value = run.settings.measure()
+        return (None if value is None else int(value)), None
+    if run.backend is None or run.adapter is None:
+        return None, None
+    figures = api.stats(run.backend, run.device, nvml=False)
+    peak, peak_reserved = figures.peak_allocated, figures.peak_reserved
+    if peak is not None and peak_reserved is not None and size > run.good:
+        run.overhead = run.adapter.pool_overhead(peak, peak_reserved)
+    return peak, peak_reserved
+
+
+def _kept(run: _Run, in_use: int | None) -> int | None:
+    """Bytes still in use after a failed trial was released, above those in use before it."""
+    if in_use is None or run.adapter is None:
         return None
-    name = api._resolve_query(None)
-    return name if name in registry.FRAMEWORKS else None
+    now = api.stats(run.backend, run.device, nvml=False).allocated
+    kept = None if now is None else max(0, now - in_use)
+    if run.adapter.failed_step_keeps_outputs:
+        # Lost for good. Elsewhere what stays is the step's own state (gradients a failed
+        # backward set), which the next step reuses.
+        run.kept_total += kept or 0
+    return kept
 
 
-def _snapshot(backend: str | None, device: int) -> MemoryStats | None:
-    return None if backend is None else api.stats(backend, device)
+def _record(run: _Run, size: int, fits: bool, peak: int | None) -> None:
+    """Update the bounds, the points and the process's running peak with a trial's outcome."""
+    if fits and peak is None and run.running_peak is not None:
+        run.bounded.append((size, run.running_peak))
+    if not fits:
+        run.running_peak = None
+    elif peak is not None and run.running_peak is not None:
+        run.running_peak = max(run.running_peak, peak)
+    if fits and peak is None and run.settings.limit is not None and not run.points and not run.bounded:
+        raise ConfigError(
+            "limit",
+            f"a limit needs each trial's peak memory, and {run.measured_by} gave none for batch size {size}; "
+            "pass measure= as well (a callable returning the last trial's peak bytes), or drop limit=",
+        )
+    if fits:
+        run.good = max(run.good, size)
+        if peak is not None:
+            run.points.append((size, peak))
+    else:
+        run.bad = size if run.bad is None else min(run.bad, size)
 
 
-def _capacity(snapshot: MemoryStats | None, backend: str | None) -> int | None:
-    """Bytes the measured peak may reach: the framework's cap, and for torch no more
-    than its pool plus what the device has free."""
-    if snapshot is None:
-        return None
-    bounds = [snapshot.limit]
-    if backend == "torch" and snapshot.reserved is not None and snapshot.device_free is not None:
-        bounds.append(snapshot.reserved + snapshot.device_free)
-    known = [b for b in bounds if b is not None]
-    return min(known) if known else None
+def _trial(step: Callable[[int], Any], run: _Run, size: int, reason: str) -> None:
+    """One real call of ``step``, measured, released and recorded."""
+    in_use = None
+    if run.settings.measure is None and run.backend is not None:
+        api.reset_peak(run.backend, run.device)
+        in_use = api.stats(run.backend, run.device, nvml=False).allocated
+    t0 = time.perf_counter()
+    error, run.last_oom = _attempt(step, size, run.bad is not None, run.adapter)
+    seconds = time.perf_counter() - t0
+    peak, peak_reserved = _read_peak(run, size) if error is None else (None, None)
+    _release(run, failed=error is not None)  # outside the except block: the frames are gone
+    kept = _kept(run, in_use) if error is not None else None
+    run.trials.append(Trial(size, error is None, peak, seconds, reason, error, peak_reserved, kept))
+    if run.backend is None and run.settings.backend is None and len(run.trials) == 1:
+        _adopt(run)
+    _record(run, size, error is None, peak)
+
+
+# --- the search ----------------------------------------------------------------------------------
+
+
+def _converged(run: _Run) -> bool:
+    """Whether the largest size that ran is within the margin of the largest that can fit."""
+    bounds = [x for x in (None if run.bad is None else run.bad - 1, run.settings.max_size) if x is not None]
+    high = min(bounds) if bounds else None
+    return bool(run.good) and high is not None and run.good >= (1 - run.settings.margin) * high
+
+
+def _choose(run: _Run, convex: bool) -> tuple[int, str]:
+    """The next size to try, and why (see ``search_math.next_size``)."""
+    if run.good == 0:
+        assert run.bad is not None
+        return max(1, run.bad // 2), "halve"
+    # What failed trials kept for good is lost to every later trial (peaks measured after
+    # it include it too: both err on the safe side).
+    usable = None if run.limit is None else run.limit - run.overhead - run.kept_total
+    last = run.trials[-1]
+    return next_size(
+        run.good,
+        run.bad,
+        run.settings.max_size,
+        predict(run.model, usable),
+        run.settings.margin,
+        safe_size(run.points + run.bounded, run.baseline, usable),
+        flat=plateau_ratio(run.points),
+        convex=convex,
+        saturated=run.bad is None and knee(run.points, run.limit) is not None,
+        refit=run.bad is not None and last.fits,
+        jumped=last.fits and last.reason == "safe-jump",
+    )
+
+
+def _nothing_fits(run: _Run) -> OutOfMemory:
+    """The error when batch size 1 failed, with the report of its out-of-memory error."""
+    assert run.last_oom is not None
+    oom = find_oom(run.last_oom) or run.last_oom
+    from .oom_report import build_report
+
+    report = build_report(oom, backend=run.backend, device=run.device, batch_size=1)
+    return OutOfMemory(f"even batch size 1 does not fit.\n{report}", report)
 
 
 def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
     began = time.perf_counter()
-    backend = _framework(settings)
-    device = settings.device
-    notes: list[str] = []
-    if settings.limit is not None and settings.measure is None and backend is None:
-        raise ConfigError(
-            "limit",
-            "a limit needs each trial's peak memory, and no framework is in use to report it; "
-            "pass measure= (a callable returning the last trial's peak bytes) or backend=",
-        )
-    if backend is not None:
-        _release(backend, device)
-    before = _snapshot(backend, device)
-    limit = settings.limit if settings.limit is not None else _capacity(before, backend)
-    if settings.measure is not None:
-        measured_by = "measure="
-    elif backend is not None:
-        measured_by = f"stats({backend!r}).{_PEAK_FIELD}"
-    else:
-        measured_by = "nothing (no framework in use, no measure=)"
-    overhead = 0  # torch: the pool's bytes beyond those in use, at the largest trial that fit
-    # Bytes in use before the search, which every trial's peak includes: it turns one
-    # measured trial into a size that surely fits (see _safe_size).
-    baseline = settings.baseline
-    if baseline is None and settings.measure is None and before is not None:
-        baseline = before.allocated
-
-    trials: list[Trial] = []
-    points: list[tuple[int, int]] = []
-    # JAX cannot reset its peak: a trial that stays below the process's peak so far reads
-    # None. That peak, while the search has seen every step since it was read (no failure,
-    # whose partial allocations it would not see), bounds the trial's from above: a
-    # (size, bound) point keeps the sure lower bound sure, though it is no point of the fit.
-    bounded: list[tuple[int, int]] = []
-    running_peak = before.peak_allocated if before is not None and settings.measure is None else None
-    kept_total = 0
-    good, bad = 0, None
+    run = _open(settings)
     size, reason = settings.start, "start"
-    last_oom: BaseException | None = None
-    model: tuple[float, float] | None = None
     while True:
-        in_use = None
-        if settings.measure is None and backend is not None:
-            api.reset_peak(backend, device)
-            in_use = api.stats(backend, device, nvml=False).allocated
-        t0 = time.perf_counter()
-        error, last_oom = _attempt(step, size, after_oom=bad is not None)
-        seconds = time.perf_counter() - t0
-        peak: int | None = None
-        peak_reserved: int | None = None
-        if error is None:
-            if settings.measure is not None:
-                value = settings.measure()
-                peak = None if value is None else int(value)
-            elif backend is not None:
-                figures = api.stats(backend, device, nvml=False)
-                peak, peak_reserved = figures.peak_allocated, figures.peak_reserved
-                if backend == "torch" and peak is not None and peak_reserved is not None and size > good:
-                    overhead = max(0, peak_reserved - peak)
-        _release(backend, device, failed=error is not None)  # outside the except block: the frames are gone
-        kept = None
-        if error is not None and in_use is not None:
-            now = api.stats(backend, device, nvml=False).allocated
-            kept = None if now is None else max(0, now - in_use)
-            if backend == "jax":
-                # XLA's are lost for good. Elsewhere what stays is the step's own state
-                # (torch: gradients a failed backward set), which the next step reuses.
-                kept_total += kept or 0
-        trials.append(Trial(size, error is None, peak, seconds, reason, error, peak_reserved, kept))
-
-        if backend is None and settings.backend is None and len(trials) == 1:
-            # The first trial may have imported the framework: read its figures from now on.
-            backend = _framework(settings)
-            if backend is not None and settings.measure is None:
-                measured_by = f"stats({backend!r}).{_PEAK_FIELD}"
-                limit = settings.limit if settings.limit is not None else _capacity(_snapshot(backend, device), backend)
-        if error is None and peak is None and running_peak is not None:
-            bounded.append((size, running_peak))
-        if error is not None:
-            running_peak = None
-        elif peak is not None and running_peak is not None:
-            running_peak = max(running_peak, peak)
-        if error is None and peak is None and settings.limit is not None and not points and not bounded:
-            raise ConfigError(
-                "limit",
-                f"a limit needs each trial's peak memory, and {measured_by} gave none for batch size {size}; "
-                "pass measure= as well (a callable returning the last trial's peak bytes), or drop limit=",
-            )
-        if error is None:
-            good = max(good, size)
-            if peak is not None:
-                points.append((size, peak))
-        else:
-            bad = size if bad is None else min(bad, size)
-
-        if good == 0 and bad == 1:
-            assert last_oom is not None
-            oom = find_oom(last_oom) or last_oom
-            from .oom_report import build_report
-
-            report = build_report(oom, backend=backend, device=device, batch_size=1)
-            raise OutOfMemory(f"even batch size 1 does not fit.\n{report}", report) from last_oom
-        model, convex = _fit(points, baseline=baseline)
-        bounds = [x for x in (None if bad is None else bad - 1, settings.max_size) if x is not None]
-        high = min(bounds) if bounds else None
-        if good and high is not None and good >= (1 - settings.margin) * high:
-            converged = True
+        _trial(step, run, size, reason)
+        if run.good == 0 and run.bad == 1:
+            raise _nothing_fits(run) from run.last_oom
+        run.model, convex = fit(run.points, baseline=run.baseline)
+        converged = _converged(run)
+        if converged or len(run.trials) >= settings.max_trials:
             break
-        if len(trials) >= settings.max_trials:
-            converged = False
-            break
-        if good == 0:
-            assert bad is not None
-            size, reason = max(1, bad // 2), "halve"
-            continue
-        # What XLA kept after failed trials is lost to every later trial (peaks measured
-        # after it include it too: both err on the safe side).
-        usable = None if limit is None else limit - overhead - kept_total
-        size, reason = _next_size(
-            good,
-            bad,
-            settings.max_size,
-            _predict(model, usable),
-            settings.margin,
-            _safe_size(points + bounded, baseline, usable),
-            flat=_plateau_ratio(points),
-            convex=convex,
-            saturated=bad is None and _knee(points, limit) is not None,
-            refit=bad is not None and trials[-1].fits,
-            jumped=trials[-1].fits and trials[-1].reason == "safe-jump",
-        )
+        size, reason = _choose(run, convex)
+    return _finish(step, run, converged, began)
 
-    if good == 0:
+
+def _finish(step: Callable[[int], Any], run: _Run, converged: bool, began: float) -> BatchSizeSearch:
+    """After the last trial: the answer confirmed or not, the notes, memory given back."""
+    settings = run.settings
+    if run.good == 0:
         raise OutOfMemory(
-            f"no batch size fit in {len(trials)} trials (smallest tried: {min(t.batch_size for t in trials)}); "
-            "raise max_trials or start lower",
+            f"no batch size fit in {len(run.trials)} trials (smallest tried: "
+            f"{min(t.batch_size for t in run.trials)}); raise max_trials or start lower",
             None,
         )
+    # stacklevel 4: _finish, _search, find_batch_size (or the decorated function), the caller.
     if not converged:
         warnings.warn(
             f"find_batch_size: max_trials={settings.max_trials} ran out before the answer was within "
-            f"margin={settings.margin}; returning {good}, the largest size that ran",
+            f"margin={settings.margin}; returning {run.good}, the largest size that ran",
             UnimemWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-    answer, confirmations, confirmed, more = _conclude(step, settings, backend, trials, points, good, limit, kept_total)
-    notes += more
+    answer, confirmations, confirmed, notes = _conclude(step, run)
     if confirmed is False:
-        warnings.warn(f"find_batch_size: {notes[-1]}", UnimemWarning, stacklevel=3)
-    _release(backend, device, final=True)
-    after = _snapshot(backend, device)
-    if limit is None and settings.measure is None:
+        warnings.warn(f"find_batch_size: {notes[-1]}", UnimemWarning, stacklevel=4)
+    _release(run, final=True)
+    after = _snapshot(run)
+    if run.limit is None and settings.measure is None:
         notes.append("no memory limit known: searched by doubling and bisection, without a model")
     return BatchSizeSearch(
         batch_size=answer,
-        trials=tuple(trials),
-        smallest_failure=bad,
+        trials=tuple(run.trials),
+        smallest_failure=run.bad,
         converged=converged,
         margin=settings.margin,
-        limit=limit,
-        model=model,
-        baseline=baseline,
-        measured_by=measured_by,
+        limit=run.limit,
+        model=run.model,
+        baseline=run.baseline,
+        measured_by=run.measured_by,
         seconds=time.perf_counter() - began,
-        before=before,
+        before=run.before,
         after=after,
         notes=tuple(notes),
         confirmations=confirmations,
@@ -653,30 +552,25 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
     )
 
 
-def _conclude(
-    step: Callable[[int], Any],
-    settings: _Settings,
-    backend: str | None,
-    trials: list[Trial],
-    points: list[tuple[int, int]],
-    good: int,
-    limit: int | None,
-    kept_total: int,
-) -> tuple[int, tuple[Trial, ...], bool | None, list[str]]:
+# --- the conclusion ------------------------------------------------------------------------------
+
+
+def _conclude(step: Callable[[int], Any], run: _Run) -> tuple[int, tuple[Trial, ...], bool | None, list[str]]:
     """After the search: the answer re-run or not (see ``_confirm``), and the notes on what
     the peaks and the failed trials showed."""
-    notes = [note for note in (_saturation_note(points, limit, good), _kept_note(backend, trials, limit)) if note]
-    ran = max((t for t in trials if t.fits and t.batch_size == good), key=lambda t: t.peak or 0)
-    if settings.confirm and limit is not None and kept_total and ran.peak and ran.peak + kept_total > limit:
-        # Its peak no longer fits beside what XLA kept: re-running it (and one size lower)
-        # would fail again, each failure costing 10 s and another copy of the outputs.
+    good, limit, kept_total = run.good, run.limit, run.kept_total
+    notes = [note for note in (saturation_note(run.points, limit, good), _kept_note(run)) if note]
+    ran = max((t for t in run.trials if t.fits and t.batch_size == good), key=lambda t: t.peak or 0)
+    if run.settings.confirm and limit is not None and kept_total and ran.peak and ran.peak + kept_total > limit:
+        # Its peak no longer fits beside what the failed trials kept: re-running it (and one
+        # size lower) would fail again, each failure costing seconds and maybe more memory.
         notes.append(
             f"{good} ran during the search (peak {format_bytes(ran.peak)}) but cannot run again in this process "
             f"beside the {format_bytes(kept_total)} the failed trials left in use (limit {format_bytes(limit)}); "
             f"start a fresh process with batch size {good}"
         )
         return good, (), False, notes
-    answer, confirmations, confirmed = _confirm(step, settings, backend, trials, good)
+    answer, confirmations, confirmed = _confirm(step, run)
     if confirmed is False:
         why = "the failed trials left memory in use (above)" if kept_total else "the pool is left fragmented"
         notes.append(
@@ -686,137 +580,60 @@ def _conclude(
     return answer, confirmations, confirmed, notes
 
 
-def _knee(points: list[tuple[int, int]], limit: int | None) -> int | None:
-    """Where the peaks stopped growing with the batch near the limit, or None.
-
-    XLA rematerializes a step whose peak would pass its limit (it recomputes activations),
-    so near the limit the peak grows a small fraction as fast per sample as below it (on
-    the H200: 36.9 kB/sample, then 2.0). Then the peaks say nothing about how much more
-    fits, and a line through them predicts far too much. The knee is where the steep line
-    below meets the flat one at the top. Only over a step of 5% or more, and 10x flatter:
-    noise in the peaks (allocator rounding) makes a shorter step of a straight need look
-    flat."""
-    if limit is None or len(points) < 3:
-        return None
-    ordered = sorted(points)
-    (m1, q1), (m2, q2) = ordered[-2:]
-    if q2 < 0.9 * limit or m2 < 1.05 * m1:
-        return None
-    flat = (q2 - q1) / (m2 - m1)
-    for (n0, p0), (n1, p1) in reversed(list(itertools.pairwise(ordered[:-1]))):
-        steep = (p1 - p0) / (n1 - n0)
-        if steep > 0 and flat < 0.1 * steep:
-            knee = (q2 - p1 + steep * n1 - flat * m2) / (steep - flat)
-            return int(min(max(knee, n0), m2))
-    return None
-
-
-def _ran_past_the_cap(points: list[tuple[int, int]], limit: int, good: int) -> tuple[int, int] | None:
-    """The smallest size whose peak reached the limit while ``good``, larger, still ran
-    though the peaks' own slope just below that size says it needs 2% more than the limit."""
-    ordered = sorted(points)
-    for i, (n, peak) in enumerate(ordered):
-        below = [(m, q) for m, q in ordered[:i] if 1.05 * m <= n]
-        if n >= good or peak < 0.99 * limit or not below:
-            continue
-        m, q = below[-1]
-        slope = (peak - q) / (n - m)
-        if slope > 0 and peak + slope * (good - n) > 1.02 * limit:
-            return n, peak
-    return None
-
-
-def _saturation_note(points: list[tuple[int, int]], limit: int | None, good: int) -> str | None:
-    """Said when the peaks show the framework saving memory to fit: a knee near the limit
-    (see ``_knee``), or a size whose peak reached the limit while a larger one, which the
-    peaks' slope says cannot fit, still ran (on the H200, XLA: 66784 peaked at 99.7% of the
-    cap, 55 kB/sample above 58613, and 70299 and 73999 ran)."""
-    if limit is None:
-        return None
-    why = "the framework saves memory to fit (XLA rematerializes: it recomputes activations)"
-    knee = _knee(points, limit)
-    if knee is not None:
-        top = max(points)
-        return (
-            f"above about {knee} the peak stopped growing with the batch ({top[1] / limit:.0%} of the limit at "
-            f"{top[0]}): {why}, so sizes above about {knee} may run slower per sample; time the step before "
-            "taking the largest"
-        )
-    at_cap = _ran_past_the_cap(points, limit, good)
-    if at_cap is None:
-        return None
-    n, peak = at_cap
-    return (
-        f"at {n} the peak reached the limit ({peak / limit:.1%}), yet sizes up to {good} ran: {why}, so "
-        f"sizes above {n} may run slower per sample; time the step before taking the largest"
-    )
-
-
-def _kept_note(backend: str | None, trials: list[Trial], limit: int | None) -> str | None:
+def _kept_note(run: _Run) -> str | None:
     """What the failed trials left in use, when it is worth saying (over 1% of the limit)."""
-    failed = [t for t in trials if t.kept]
+    failed = [t for t in run.trials if t.kept]
     total = sum(t.kept or 0 for t in failed)
-    if not failed or (limit and total < 0.01 * limit):
+    if not failed or run.adapter is None or (run.limit and total < 0.01 * run.limit):
         return None
-    cause = (
-        "XLA does not free a failed execution's output buffers, which stay in use until the process ends; "
-        "this process now fits less than a fresh one"
-        if backend == "jax"
-        else "something still references what the failed steps allocated (gradients set in a failed backward, "
-        "which the next step reuses, or a caught exception, a list of outputs)"
-    )
     return (
         f"{format_bytes(total)} stayed in use after {len(failed)} failed trial(s) "
-        f"({', '.join(f'{t.batch_size}: {format_bytes(t.kept or 0)}' for t in failed)}): {cause}"
+        f"({', '.join(f'{t.batch_size}: {format_bytes(t.kept or 0)}' for t in failed)}): "
+        f"{run.adapter.kept_outputs_note}"
     )
 
 
-def _rerun(step: Callable[[int], Any], settings: _Settings, backend: str | None, size: int, reason: str) -> Trial:
+def _rerun(step: Callable[[int], Any], run: _Run, size: int, reason: str) -> Trial:
     """One call of ``step`` after the search, released like a trial; its peak is no point of the fit."""
     t0 = time.perf_counter()
-    error, _ = _attempt(step, size, after_oom=True)
+    error, _ = _attempt(step, size, True, run.adapter)
     seconds = time.perf_counter() - t0
-    if settings.measure is not None:
-        settings.measure()  # drop this call's peak, so no later reading sees it
-    _release(backend, settings.device, failed=error is not None)
+    if run.settings.measure is not None:
+        run.settings.measure()  # drop this call's peak, so no later reading sees it
+    _release(run, failed=error is not None)
     return Trial(size, error is None, None, seconds, reason, error)
 
 
-def _settling(backend: str | None, device: int) -> contextlib.AbstractContextManager[None]:
-    """torch: release the pool as the settle call's forward starts, when a step that sets its
-    gradients to None first holds none, so the new ones land in segments of their own size
-    (emptying the cache before the call cannot: the old ones pin the large segments)."""
-    if backend != "torch":
+def _settling(run: _Run) -> contextlib.AbstractContextManager[None]:
+    """Where the framework has a better moment to release the pool during the settle call
+    than before it (``Backend.settle``), the context that does so."""
+    if run.adapter is None:
         return contextlib.nullcontext()
-    from unimem.backends.torch_backend import at_first_forward
-
-    return at_first_forward(lambda: _release(backend, device))
+    return run.adapter.settle(lambda: _release(run))
 
 
-def _confirm(
-    step: Callable[[int], Any], settings: _Settings, backend: str | None, trials: list[Trial], good: int
-) -> tuple[int, tuple[Trial, ...], bool | None]:
+def _confirm(step: Callable[[int], Any], run: _Run) -> tuple[int, tuple[Trial, ...], bool | None]:
     """Re-run the answer when a trial failed after it ran: what fits near the limit depends
-    on the pool's history (torch's cached segments split by the failed step; JAX's pool
-    after an OOM), and the caller will run it next. If it fails, one step down by the
-    margin; after one that runs, a call at ``start`` ("settle"). Returns the answer, the
-    re-runs, and whether one ran (None: not needed)."""
-    ran_at = max(i for i, t in enumerate(trials) if t.fits and t.batch_size == good)
-    if not settings.confirm or all(t.fits for t in trials[ran_at + 1 :]):
+    on the pool's history (cached segments split by the failed step; a pool after an OOM),
+    and the caller will run it next. If it fails, one step down by the margin; after one
+    that runs, a call at ``start`` ("settle"). Returns the answer, the re-runs, and whether
+    one ran (None: not needed)."""
+    settings, good = run.settings, run.good
+    ran_at = max(i for i, t in enumerate(run.trials) if t.fits and t.batch_size == good)
+    if not settings.confirm or all(t.fits for t in run.trials[ran_at + 1 :]):
         return good, (), None
     done: list[Trial] = []
     for size in dict.fromkeys((good, max(1, math.floor(good * (1 - settings.margin))))):
-        done.append(_rerun(step, settings, backend, size, "confirm"))
+        done.append(_rerun(step, run, size, "confirm"))
         if done[-1].fits:
             if settings.start < size:
-                # What the step keeps between calls (torch's gradients, set to None at the
-                # next step's start) was allocated inside the answer's large segments, which
-                # it now pins: one call at ``start``, with the cache emptied as its forward
-                # starts, moves it to small ones, so that the pool shrinks back to its size
-                # before the search (on the H200: 1.12 GB reserved after against 0.26 GB
-                # before without the call; 0.64 GB with it but without emptying the cache).
-                with _settling(backend, settings.device):
-                    done.append(_rerun(step, settings, backend, settings.start, "settle"))
+                # What the step keeps between calls (gradients set to None at the next step's
+                # start) was allocated inside the answer's large segments, which it now pins:
+                # one call at ``start``, with the pool released where the framework says
+                # (``settle``), moves it to small ones, so the pool shrinks back to its size
+                # before the search (README, "Measured on an NVIDIA H200").
+                with _settling(run):
+                    done.append(_rerun(step, run, settings.start, "settle"))
             return size, tuple(done), True
     return good, tuple(done), False
 

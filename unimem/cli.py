@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from . import __version__, registry
+from . import __version__, device_view, registry
 from .errors import UnimemError
 from .sizes import format_bytes
 
@@ -22,12 +22,8 @@ def _console() -> Any:
 
 
 def _nvml_devices() -> tuple[list[dict[str, Any]], str]:
-    from unimem.backends import nvml_backend
-
-    status = nvml_backend.nvml_status()
-    if status != "ok":
-        return [], status
-    return nvml_backend.devices_info(), "ok"
+    view, status = device_view.usable()
+    return ([], status) if view is None else (view.devices(), "ok")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -51,7 +47,7 @@ def info(as_json: bool) -> None:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "frameworks": frameworks,
-        "nvml": nvml,
+        registry.FRAMEWORK_FREE: nvml,  # the device view's status, under its backend's name
         "devices": devices,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
@@ -84,15 +80,12 @@ def info(as_json: bool) -> None:
 
 def _process_rows() -> list[dict[str, Any]]:
     """Every compute process on every GPU, from NVML."""
-    from unimem.backends import nvml_backend
-
-    pynvml = nvml_backend._load()
-    rows = []
-    for index in range(pynvml.nvmlDeviceGetCount()):
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            rows.append({"device": index, "pid": proc.pid, "used": proc.usedGpuMemory})
-    return rows
+    view = device_view.adapter()
+    return [
+        {"device": index, "pid": pid, "used": used}
+        for index in range(view.device_count() or 0)
+        for pid, used in view.processes(index)
+    ]
 
 
 @main.command()
@@ -100,7 +93,8 @@ def _process_rows() -> list[dict[str, Any]]:
     "--backend",
     "-b",
     default=None,
-    help="Framework whose figures to read in this process (torch, tensorflow, jax); default: NVML for every GPU.",
+    help=f"Framework whose figures to read in this process ({', '.join(registry.FRAMEWORKS)}); "
+    "default: NVML for every GPU.",
 )
 @click.option("--device", "-d", default=0, show_default=True, help="Device index (with --backend).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
@@ -116,10 +110,10 @@ def stats(backend: str | None, device: int, as_json: bool) -> None:
             click.echo(unimem.summary(backend, device))
         return
     devices, nvml = _nvml_devices()
-    snapshots = [unimem.stats("nvml", d["index"]).as_dict() for d in devices] if nvml == "ok" else []
+    snapshots = [unimem.stats(registry.FRAMEWORK_FREE, d["index"]).as_dict() for d in devices] if nvml == "ok" else []
     processes = _process_rows() if nvml == "ok" else []
     if as_json:
-        click.echo(json.dumps({"nvml": nvml, "devices": snapshots, "processes": processes}, indent=2))
+        click.echo(json.dumps({registry.FRAMEWORK_FREE: nvml, "devices": snapshots, "processes": processes}, indent=2))
         return
     from rich.table import Table
 

@@ -13,9 +13,12 @@ from typing import Any
 
 import click
 
+from . import device_view, registry
 from .sizes import format_bytes
 
 __all__ = ["collect_watch", "plot", "watch"]
+
+STATUS = registry.FRAMEWORK_FREE  # the key a snapshot gives the device view's status under
 
 
 def _host_memory() -> dict[str, int | None]:
@@ -64,31 +67,18 @@ def _top_host_processes(limit: int = 10) -> list[dict[str, Any]]:
 
 def collect_watch() -> dict[str, Any]:
     """One snapshot: NVML devices and their processes, or host memory where NVML is absent."""
-    from unimem.backends import nvml_backend
-
-    status = nvml_backend.nvml_status()
-    data: dict[str, Any] = {"time": time.time(), "nvml": status, "devices": [], "processes": []}
+    view, status = device_view.usable()
+    data: dict[str, Any] = {"time": time.time(), STATUS: status, "devices": [], "processes": []}
     data["host"] = _host_memory()
-    if status != "ok":
+    if view is None:
         data["host_processes"] = _top_host_processes()
         return data
-    pynvml = nvml_backend._load()
-    for index in range(pynvml.nvmlDeviceGetCount()):
-        row: dict[str, Any] = {"index": index, "name": "?", "total": None, "used": None, "free": None, "error": None}
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            name = pynvml.nvmlDeviceGetName(handle)
-            row["name"] = name.decode() if isinstance(name, bytes) else name
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            row.update(total=int(memory.total), free=int(memory.free), used=int(memory.total) - int(memory.free))
-            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                used = None if proc.usedGpuMemory is None else int(proc.usedGpuMemory)
-                data["processes"].append(
-                    {"device": index, "pid": int(proc.pid), "name": _process_name(int(proc.pid)), "used": used}
-                )
-        except pynvml.NVMLError as exc:  # one device failing must not blank the others
-            row["error"] = str(exc)
+    for index in range(view.device_count() or 0):
+        row, listed = view.device_usage(index)  # an NVML error on one device is its row's error
         data["devices"].append(row)
+        data["processes"] += [
+            {"device": index, "pid": pid, "name": _process_name(pid), "used": used} for pid, used in listed
+        ]
     return data
 
 
@@ -98,8 +88,8 @@ def _render(data: dict[str, Any]) -> Any:
     from rich.text import Text
 
     parts: list[Any] = [Text(f"unimem watch · {time.strftime('%H:%M:%S', time.localtime(data['time']))}", style="bold")]
-    if data["nvml"] != "ok":
-        parts.append(Text(f"NVML: {data['nvml']}", style="yellow"))
+    if data[STATUS] != "ok":
+        parts.append(Text(f"NVML: {data[STATUS]}", style="yellow"))
         parts.append(Text("No GPU figures here: showing host memory."))
     else:
         devices = Table(title="GPU memory (NVML)")

@@ -89,15 +89,14 @@ class Comparison:
 
 
 def _machine(size: str, steps: int) -> dict[str, Any]:
-    versions = {}
-    for name in registry.FRAMEWORKS:
-        if name in registry.available_backends():
-            versions[name] = registry.get_backend(name).version()
-    from unimem.backends import nvml_backend
+    installed = registry.available_backends()
+    versions = {name: registry.get_backend(name).version() for name in _runners() if name in installed}
+    from .device_view import usable
 
     try:
-        devices = nvml_backend.devices_info() if nvml_backend.nvml_status() == "ok" else []
-    except Exception:
+        view, _ = usable()
+        devices = view.devices() if view is not None else []
+    except Exception:  # the machine's description is best effort: a comparison runs without it
         devices = []
     return {
         "date": _dt.date.today().isoformat(),
@@ -111,10 +110,27 @@ def _machine(size: str, steps: int) -> dict[str, Any]:
     }
 
 
+def _runners() -> list[str]:
+    """The frameworks whose adapter runs the reference workloads, in registry order."""
+    found = []
+    for name in registry.FRAMEWORKS:
+        try:
+            if registry.adapter_class(name).runs_workloads:
+                found.append(name)
+        except ImportError:  # an adapter this install does not ship
+            continue
+    return found
+
+
+def _listed(names: Sequence[str]) -> str:
+    """``a, b or c``."""
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
+
+
 def _run_one(framework: str, workload: str, config: str, size: str, steps: int, timeout: float) -> dict[str, Any]:
     env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    for var, value in registry.adapter_class(framework).workload_env.items():
+        env.setdefault(var, value)
     cmd = [sys.executable, "-m", "unimem._compare_worker", framework, workload, config, size, str(steps)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
@@ -146,13 +162,17 @@ def compare(
     on_result: Callable[[Comparison], None] | None = None,
 ) -> Comparison:
     """Run every workload under every configuration in each framework; return the figures."""
+    runners = _runners()
     names = [registry.canonical_name(f, parameter="frameworks") for f in frameworks] if frameworks else None
     if names is None:
-        names = [n for n in registry.FRAMEWORKS if n in registry.available_backends()]
+        names = [n for n in runners if n in registry.available_backends()]
     if not names:
-        raise ConfigError("frameworks", "no framework is installed; pip install torch, jax or tensorflow")
-    if "nvml" in names:
-        raise ConfigError("frameworks", "nvml runs no workload; name torch, tensorflow or jax")
+        raise ConfigError(
+            "frameworks", f"no framework that runs the workloads is installed; pip install {_listed(runners)}"
+        )
+    for name in names:
+        if name not in runners:
+            raise ConfigError("frameworks", f"{name} runs no workload; name {_listed(runners)}")
     for workload in workloads:
         if workload not in WORKLOADS:
             raise ConfigError("workloads", f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ConfigError
-from .registry import canonical_name
+from .registry import canonical_name, is_framework
 from .sizes import parse_size
 
 __all__ = ["ALLOCATORS", "ENV_VARS", "Request", "Settings", "parse_env"]
@@ -67,12 +67,19 @@ def _per_backend(value: object, parameter: str) -> dict[str, object] | None:
         if not isinstance(key, str):
             raise ConfigError(parameter, f"per-backend keys are backend names, got {key!r}")
         name = canonical_name(key, parameter=parameter)
-        if name == "nvml":
-            raise ConfigError(parameter, "nvml only reads memory; it takes no cap")
+        if not is_framework(name):
+            raise ConfigError(parameter, f"{name} only reads memory; it takes no cap")
         if name in split:
             raise ConfigError(parameter, f"{key!r} names {name!r} twice")
         split[name] = item
     return split
+
+
+def check_device(device: object) -> int:
+    """A device index for a query: an int, 0 or more (a bool is no index)."""
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ConfigError("device", f"expected a device index (0 or more), got {device!r}")
+    return device
 
 
 def _check_devices(value: object) -> tuple[int, ...]:

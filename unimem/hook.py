@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .api import _check_device
+from .config import check_device
 from .errors import ConfigError
 from .monitor_sampler import host_rss_reader
 from .recording import SOURCE_STEP, BoundedSeries, Mark, Recording, Sample
@@ -47,7 +47,7 @@ class MemoryHook:
             raise ConfigError("every", f"expected a positive int, got {every!r}")
         if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 100:
             raise ConfigError("max_samples", f"expected an int of at least 100, got {max_samples!r}")
-        self._tracked = Tracked(backend, _check_device(device))
+        self._tracked = Tracked(backend, check_device(device))
         self.every = every
         self.steps = 0
         self.last: Tracked | None = None

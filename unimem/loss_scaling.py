@@ -16,7 +16,7 @@ them exactly, so one training loop serves all three::
     scaler.update(finite)
 
 This module is framework-free: the framework-specific scalers live in
-``unimem.backends.precision_<framework>`` and subclass ``LossScaler``.
+``unimem.backends.<framework>.precision`` and subclass ``LossScaler``.
 """
 
 from __future__ import annotations

@@ -16,15 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .registry import BACKENDS, capability_table
+from .registry import BACKENDS, adapter_class, capability_table
 from .support import FEATURES, Level, Support
 
 __all__ = ["Evidence", "check", "collect_evidence", "render", "repo_root"]
 
 MATRIX_FILE = "compat_matrix.md"
 GPU_EVIDENCE = Path("evidence") / "gpu.json"
-# TensorFlow's GPU build cannot be brought to the GPU machine (DESIGN.md).
-GPU_ABSENT = {"tensorflow": "not run: TensorFlow is not installable on the GPU machine; CPU only"}
 
 
 def repo_root(start: Path | None = None) -> Path:
@@ -64,14 +62,67 @@ def _covers_in(path: Path, root: Path) -> list[tuple[str, str]]:
     return found
 
 
+CONTRACT = Path("unimem") / "testing.py"
+CONTRACT_CLASS = "BackendContract"
+
+
+def _contract_features(root: Path) -> dict[str, list[str]]:
+    """``{test name: features}`` from the ``covers_features(...)`` marks of the conformance suite."""
+    path = root / CONTRACT
+    if not path.is_file():
+        return {}
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef) or node.name != CONTRACT_CLASS:
+            continue
+        for item in node.body:
+            if not isinstance(item, ast.FunctionDef):
+                continue
+            for decorator in item.decorator_list:
+                if isinstance(decorator, ast.Call) and getattr(decorator.func, "id", "") == "covers_features":
+                    found[item.name] = [
+                        a.value for a in decorator.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                    ]
+    return found
+
+
+def _contract_runs(path: Path, root: Path, features: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """``(test id, cell)`` for each test a ``BackendContract`` subclass in ``path`` inherits:
+    its features, where that backend's table says it supports them (the rest are refusals)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: list[tuple[str, str]] = []
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef) or not any(getattr(b, "id", "") == CONTRACT_CLASS for b in node.bases):
+            continue
+        backend = next(
+            (
+                item.value.value
+                for item in node.body
+                if isinstance(item, ast.Assign)
+                and any(getattr(t, "id", "") == "backend" for t in item.targets)
+                and isinstance(item.value, ast.Constant)
+            ),
+            None,
+        )
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            continue
+        table = capability_table(backend)
+        owner = f"{path.relative_to(root).as_posix()}::{node.name}"
+        for test, names in features.items():
+            found += [(f"{owner}::{test}", f"{backend}:{f}") for f in names if f in table and table[f].supported]
+    return found
+
+
 def collect_evidence(root: Path) -> Evidence:
     evidence = Evidence()
     tests = root / "tests"
+    features = _contract_features(root)
     if tests.is_dir():
-        for path in sorted(tests.rglob("test_*.py")) + sorted(tests.rglob("contract*.py")):
+        for path in sorted(tests.rglob("test_*.py")):
             if "gpu" in path.relative_to(tests).parts:
                 continue
-            for test_id, cell in _covers_in(path, root):
+            for test_id, cell in _covers_in(path, root) + _contract_runs(path, root, features):
                 ids = evidence.cpu.setdefault(cell, [])
                 if test_id not in ids:
                     ids.append(test_id)
@@ -85,9 +136,15 @@ def collect_evidence(root: Path) -> Evidence:
     return evidence
 
 
+def _was_installed(backend: str, run: dict[str, Any]) -> bool:
+    versions = run.get("versions") or {}
+    return any(versions.get(dist) for dist in adapter_class(backend).distributions)
+
+
 def _gpu_cell(backend: str, cell: str, evidence: Evidence) -> str:
-    if backend in GPU_ABSENT:
-        return "GPU: " + GPU_ABSENT[backend]
+    if evidence.gpu_run is not None and not _was_installed(backend, evidence.gpu_run):
+        # The run records every backend's distributions: one it lacks was never testable there.
+        return f"GPU: not run: {backend} was not installed on the GPU machine; CPU only"
     results = evidence.gpu.get(cell)
     if not results or evidence.gpu_run is None:
         return "GPU: not verified here"

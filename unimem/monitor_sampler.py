@@ -1,8 +1,8 @@
 """The monitor's sampler process: NVML and host RSS of another process, off its GIL.
 
 ``monitor()`` starts ``python -m unimem.monitor_sampler`` so that polling NVML at up
-to 1 kHz never takes the training process's GIL (a thread doing it there cost the
-training loop 12%). The protocol is lines on stdin/stdout:
+to 1 kHz never takes the training process's GIL (a thread doing it there slows the
+training loop: docs/measurements.md). The protocol is lines on stdin/stdout:
 
 - at start the sampler writes ``{"ready": true, "probe": "ok" | reason, "host": "ok" | reason}``;
 - ``dump`` asks for everything so far, ``last`` for the newest sample only;
@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import device_view
 from .recording import BoundedSeries
 
 __all__ = ["host_rss_reader", "main", "nvml_probe"]
@@ -42,30 +43,7 @@ def nvml_probe(device: int, pid: int, uuid: str | None = None) -> Callable[[], R
 
     Raises ``BackendUnavailable`` when NVML cannot be used here (no driver, not installed).
     """
-    from unimem.backends import nvml_backend
-
-    pynvml = nvml_backend._load()
-    handle = nvml_backend._handle(device, uuid)
-    use_v2 = True
-
-    def read() -> Reading:
-        nonlocal use_v2
-        if use_v2:
-            try:
-                memory = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
-            except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported, AttributeError):
-                use_v2 = False  # an old driver: v1's "used" also counts reserved memory
-                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        else:
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        process = None
-        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            if proc.pid == pid and proc.usedGpuMemory is not None:
-                process = (process or 0) + int(proc.usedGpuMemory)
-        total = int(memory.total)
-        return total, total - int(memory.free), process
-
-    return read
+    return device_view.adapter().probe(device, pid, uuid)
 
 
 def host_rss_reader(pid: int) -> Callable[[], int | None]:

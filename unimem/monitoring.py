@@ -1,8 +1,8 @@
 """``monitor()``: a background memory timeline that does not slow the training loop.
 
 A thread in the training process that polls memory fights the training thread for
-the GIL: on an H200, one polling ``torch.cuda.memory_stats()`` added 11% to a 4 ms
-step at 100 Hz and 52% at 1 kHz; one polling NVML, 12%. So the work is split:
+the GIL, and slows the loop the more often it polls (the cost measured on a GPU is in
+docs/measurements.md, "Monitor overhead"). So the work is split:
 
 - NVML (device used/total, this process's usage) and this process's host RSS are
   read at ``interval`` by a separate *sampler process* (``unimem.monitor_sampler``).
@@ -45,16 +45,24 @@ from types import TracebackType
 from typing import IO, Any
 
 from . import registry
-from .api import _check_device
+from .config import check_device
 from .errors import BackendUnavailable, ConfigError, UnimemError
-from .recording import SOURCE_DEVICE, SOURCE_FRAMEWORK, BoundedSeries, Mark, Recording, Sample, merge_samples
+from .recording import (
+    SOURCE_DEVICE,
+    SOURCE_FRAMEWORK,
+    BoundedSeries,
+    Mark,
+    NoFigures,
+    Recording,
+    Sample,
+    merge_samples,
+)
 from .stats import MemoryStats
-from .support import Phase
-from .tracking import read_stats, resolve_backend
+from .tracking import read_stats, resolve_query
 
 __all__ = ["MIN_FRAMEWORK_INTERVAL", "MIN_INTERVAL", "Monitor", "counter_reader", "monitor"]
 
-MIN_INTERVAL = 0.001  # the sampler process reads NVML and /proc in tens of µs; under 1 ms is noise
+MIN_INTERVAL = 0.001  # faster, each tick is mostly the cost of reading NVML and /proc itself
 MIN_FRAMEWORK_INTERVAL = 0.01  # each in-process read wakes a thread that must take the GIL
 DEFAULT_FRAMEWORK_INTERVAL = 0.1
 DEFAULT_MAX_SAMPLES = 20_000
@@ -62,10 +70,6 @@ _START_TIMEOUT = 60.0  # a cold interpreter on a loaded CI machine can take seco
 _REPLY_TIMEOUT = 30.0
 
 Counters = tuple[int | None, int | None]  # (allocated, reserved)
-
-
-class _NoFigures(Exception):
-    """The framework will never have figures here (CPU device): stop asking."""
 
 
 def _check_interval(value: object, parameter: str, floor: float) -> float:
@@ -83,62 +87,11 @@ def counter_reader(name: str | None, device: int) -> tuple[Callable[[], Counters
     """A cheap ``() -> (allocated, reserved)`` for ``name``'s allocator, and a note.
 
     Reads ``(None, None)`` until the framework's device runtime has started; never starts it.
+    A reader raises ``NoFigures`` once it knows it never will have figures here.
     """
-    if name is None or name == "nvml":
+    if name is None or not registry.is_framework(name):
         return None, "no framework in use: allocator figures are not sampled"
-    if name == "torch":
-        torch = sys.modules.get("torch")
-        if torch is not None and getattr(torch, "cuda", None) is not None and not torch.cuda.is_available():
-            return None, "torch sees no CUDA device here: allocator figures are None"
-
-    backend = registry.get_backend(name)
-
-    def read() -> Counters:
-        # stats() without NVML: the framework's own counters through the one key mapping
-        # unimem keeps per backend (torch: the raw C++ dict, ~15 µs on an H200).
-        snapshot = backend.stats(device, nvml=False)
-        return snapshot.allocated, snapshot.reserved
-
-    if name == "torch":
-        return read, ""
-    if name == "jax":
-        found: list[Any] = []
-
-        def read_jax() -> Counters:
-            if not found:
-                if backend.phase() is not Phase.INITIALIZED:
-                    return None, None  # asking for devices would start JAX (and preallocate)
-                devices = sys.modules["jax"].local_devices()
-                if device >= len(devices):
-                    raise _NoFigures(f"jax has no device {device}")
-                if devices[device].platform == "cpu":
-                    raise _NoFigures("jax runs on the CPU here: allocator figures are None")
-                found.append(devices[device])
-            return read()  # None, None with allocator='uncached' (platform), which keeps no stats
-
-        return read_jax, ""
-    if name == "tensorflow":
-        gpu: list[str] = []
-
-        def read_tf() -> Counters:
-            if not gpu:
-                if backend.phase() is not Phase.INITIALIZED:
-                    return None, None
-                if device >= len(sys.modules["tensorflow"].config.list_logical_devices("GPU")):
-                    raise _NoFigures("tensorflow sees no GPU here: allocator figures are None")
-                gpu.append(f"GPU:{device}")
-            return read()  # TF counts no pool size: reserved is None
-
-        return read_tf, ""
-    return None, f"{name}: no allocator counters"
-
-
-def _torch_uuid(device: int) -> str | None:
-    """The device's UUID when torch already started CUDA: maps CUDA ordinal to NVML exactly."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return None
-    return registry.get_backend("torch")._uuid(device)
+    return registry.get_backend(name).counter_reader(device)
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -174,7 +127,7 @@ class Monitor:
             self.framework_interval = _check_interval(framework_interval, "framework_interval", MIN_FRAMEWORK_INTERVAL)
         if backend is not None:
             registry.canonical_name(backend)
-        self.device = _check_device(device)
+        self.device = check_device(device)
         if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 100:
             raise ConfigError("max_samples", f"expected an int of at least 100, got {max_samples!r}")
         if probe is not None and (not isinstance(probe, str) or ":" not in probe):
@@ -214,18 +167,14 @@ class Monitor:
         """Start sampling; returns self. A monitor runs once."""
         if self._started is not None:
             raise UnimemError("this monitor was already started; create a new unimem.monitor() for another run")
-        name: str | None
-        fallback = False
+        name = resolve_query(self._requested)  # None: no framework in use, the framework-free view
         try:
-            name, fallback = resolve_backend(self._requested)
+            self.start_stats = read_stats(name, self.device)
         except BackendUnavailable as exc:
             if self._requested is not None:
                 raise
-            name = None  # no framework, no NVML installed: host figures only
-            self._notes.append(f"no backend: {exc}")
-        self.backend = None if fallback else name
-        if name is not None:
-            self.start_stats = read_stats(name, self.device, fallback)
+            self._notes.append(f"no backend: {exc}")  # host figures only
+        self.backend = name
         self._reader, note = counter_reader(self.backend, self.device)
         if note:
             self._notes.append(note)
@@ -254,7 +203,8 @@ class Monitor:
             "--capacity",
             str(self.max_samples),
         ]
-        uuid = _torch_uuid(self.device) if self.backend == "torch" else None
+        # The framework's UUID maps its device ordinal to NVML's exactly (CUDA_VISIBLE_DEVICES aside).
+        uuid = None if self.backend is None else registry.get_backend(self.backend).device_uuid(self.device)
         if uuid is not None:
             args += ["--uuid", uuid]
         if self._probe is not None:
@@ -346,7 +296,7 @@ class Monitor:
             self._prometheus = None
         self._stopped = time.time()
         if self.backend is not None:
-            self.end_stats = read_stats(self.backend, self.device, False)
+            self.end_stats = read_stats(self.backend, self.device)
         if self._device_error_count:
             first = self._device_errors[0] if self._device_errors else "?"
             self._notes.append(
@@ -398,7 +348,7 @@ class Monitor:
             try:
                 allocated, reserved = read()
                 sample = Sample(now, SOURCE_FRAMEWORK, allocated, reserved)
-            except _NoFigures as exc:
+            except NoFigures as exc:
                 self._notes.append(str(exc))
                 return
             except Exception as exc:  # a failed read is a gap, not the end of the timeline
@@ -414,7 +364,7 @@ class Monitor:
         if self._reader is not None:
             try:
                 allocated, reserved = self._reader()
-            except Exception:  # _NoFigures on the CPU, or a transient failure: figures unknown
+            except Exception:  # NoFigures on the CPU, or a transient failure: figures unknown
                 allocated = reserved = None
         mark = Mark(time.time(), label, allocated, reserved)
         with self._lock:

@@ -9,57 +9,31 @@ The report holds descriptions and numbers only, never a tensor.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import api, registry
 from .live_objects import LiveMemory, LiveObject, scan
-from .oom import _message, framework_of, requested_bytes
-from .pool_fragmentation import Fragmentation, _read
+from .oom_errors import _message, framework_of, requested_bytes
+from .oom_rules import HIGH_FRAGMENTATION, Context, PoolUse, Suggestion, Traits, suggest
+from .pool_fragmentation import Fragmentation, read
+from .precision import enabled_backends
 from .sizes import format_bytes
 from .stats import MemoryStats
 
-__all__ = ["LiveMemory", "LiveObject", "OOMReport", "PoolUse", "Suggestion", "build_report"]
+__all__ = [
+    "HIGH_FRAGMENTATION",
+    "LiveMemory",
+    "LiveObject",
+    "OOMReport",
+    "PoolUse",
+    "Suggestion",
+    "build_report",
+]
 
-# Fragmentation above this share, with enough free bytes in the pool for the request,
-# means the memory was there but in pieces: an allocator setting helps more than a
-# smaller batch.
-HIGH_FRAGMENTATION = 0.3
-# Another framework's idle pool worth mentioning when the request size is unknown.
-_IDLE_POOL_WORTH = 1 << 30
 _HALF_DTYPES = ("float16", "bfloat16", "half")
 _FULL_DTYPES = ("float32", "float64", "double", "float")
-
-
-@dataclass(frozen=True)
-class Suggestion:
-    """One thing to change, with the evidence for it from this failure."""
-
-    kind: str  # stable id: "too-large", "free-other-pool", "allocator", "raise-cap", "smaller-batch", ...
-    action: str
-    why: str
-    code: str | None = None
-
-
-@dataclass(frozen=True)
-class PoolUse:
-    """Memory another framework in this process holds on the same device."""
-
-    framework: str
-    allocated: int | None
-    reserved: int | None
-    limit: int | None
-
-    @property
-    def idle(self) -> int | None:
-        """Bytes its pool holds that none of its arrays use."""
-        if self.reserved is None or self.allocated is None:
-            return None
-        return max(0, self.reserved - self.allocated)
 
 
 @dataclass(frozen=True)
@@ -173,48 +147,25 @@ def _shorten(text: str, limit: int) -> str:
 
 # --- where it failed --------------------------------------------------------------------
 
-_TORCH_GPU_INDEX = re.compile(r"GPU (\d+) has a total capacity")
-_TF_DEVICE = re.compile(r"device:(GPU|CPU):(\d+)")
-
 
 def _place(oom: BaseException, framework: str | None, device: int, message: str) -> str | None:
     """Where the failed allocation was: ``"cuda:N"``/``"gpu:N"``, ``"cpu"``, ``"mps"``; None if unknown."""
     if framework is None:
         return "cpu" if isinstance(oom, MemoryError) else None
-    if framework == "torch":
-        if "DefaultCPUAllocator" in message:
-            return "cpu"
-        if "MPS" in message:
-            return "mps"
-        if match := _TORCH_GPU_INDEX.search(message):
-            return f"cuda:{match.group(1)}"
-        return f"cuda:{device}"
-    if framework == "tensorflow":
-        if match := _TF_DEVICE.search(message):
-            return "cpu" if match.group(1) == "CPU" else f"gpu:{match.group(2)}"
+    try:
+        return registry.get_backend(framework).oom_place(oom, device, message)
+    except Exception:  # an adapter that cannot be had or cannot tell: unknown
         return None
-    if framework == "jax":
-        jax = sys.modules.get("jax")
-        try:
-            platform = jax.default_backend() if jax is not None else None
-        except Exception:
-            platform = None
-        if platform is None:
-            return None
-        return "cpu" if platform == "cpu" else f"gpu:{device}"
-    return None
 
 
 def _place_for(framework: str, place: str | None) -> str | None:
     """The same device spelled the way ``framework``'s live scan matches it."""
     if place is None:
         return None
-    kind, _, index = place.partition(":")
-    if kind == "cpu":
-        return "cpu"
-    if kind in ("cuda", "gpu"):
-        return f"cuda:{index or 0}" if framework == "torch" else f"gpu:{index or 0}"
-    return place if framework == "torch" else None
+    try:
+        return registry.get_backend(framework).place_spelling(place)
+    except Exception:  # an adapter that cannot be had: scan every device
+        return None
 
 
 def _host_memory() -> int | None:
@@ -229,23 +180,15 @@ def _host_memory() -> int | None:
 
 def _precision_on(framework: str | None, live: list[LiveMemory]) -> tuple[bool | None, str]:
     """Whether mixed precision is on, and how that was found; (None, reason) if unknown."""
-    precision = sys.modules.get("unimem.precision")
-    enabled = getattr(precision, "_enabled", None)
-    if framework is not None and isinstance(enabled, dict) and enabled.get(framework):
-        return True, "a unimem.mixed_precision policy is enabled"
-    if framework == "tensorflow" and "keras" in sys.modules:
+    if framework is not None:
+        if framework in enabled_backends():
+            return True, "a unimem.mixed_precision policy is enabled"
         try:
-            name = str(sys.modules["keras"].mixed_precision.global_policy().name)
-        except Exception:
-            name = ""
-        if name:
-            return name.startswith("mixed"), f"the Keras global dtype policy is {name!r}"
-    if framework == "torch" and "torch" in sys.modules:
-        try:
-            if sys.modules["torch"].is_autocast_enabled():
-                return True, "torch autocast is on"
-        except Exception:
-            pass
+            told = registry.get_backend(framework).precision_in_force()
+        except Exception:  # the framework's own switch cannot be read: judge by the tensors
+            told = None
+        if told is not None:
+            return told
     # Otherwise judge by the live activations (parameters stay float32 under mixed precision).
     half = full = 0
     for memory in live:
@@ -268,33 +211,6 @@ def _precision_on(framework: str | None, live: list[LiveMemory]) -> tuple[bool |
 
 # --- suggestions --------------------------------------------------------------------------
 
-_ACCUMULATION_CODE = {
-    "torch": (
-        "for chunk in batch.split({micro}):  # {micro} × {steps} = {total}\n"
-        "    (loss_fn(model(chunk)) / {steps}).backward()\n"
-        "optimizer.step(); optimizer.zero_grad()"
-    ),
-    "jax": "optimizer = optax.MultiSteps(optimizer, every_k_schedule={steps})  # micro-batch {micro} × {steps}",
-    "tensorflow": (
-        "optimizer = keras.optimizers.Adam(gradient_accumulation_steps={steps})  # micro-batch {micro} × {steps}"
-    ),
-}
-_CHECKPOINT_CODE = {
-    "torch": "y = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)",
-    "jax": "block = jax.checkpoint(block)  # recompute its activations in the backward pass",
-    "tensorflow": "block = tf.recompute_grad(block)",
-}
-
-
-def _accumulation(batch_size: int, at_least: int) -> tuple[int, int]:
-    """``(micro_batch, steps)`` with ``steps >= at_least``, preferring an exact split of
-    ``batch_size`` (same global batch) unless that needs far more steps."""
-    at_least = max(2, min(at_least, batch_size))
-    for steps in range(at_least, min(batch_size, 2 * at_least) + 1):
-        if batch_size % steps == 0:
-            return batch_size // steps, steps
-    return math.ceil(batch_size / at_least), at_least
-
 
 def _suggest(
     framework: str | None,
@@ -308,180 +224,80 @@ def _suggest(
     precision: tuple[bool | None, str],
     place: str | None,
 ) -> list[Suggestion]:
-    scored: list[tuple[int, Suggestion]] = []
-    fw = framework or "torch"
-    on_gpu = place is not None and place.split(":")[0] in ("cuda", "gpu")
-
-    if requested is not None and capacity is not None and requested > capacity:
-        scored.append(
-            (
-                100,
-                Suggestion(
-                    "too-large",
-                    "Check the shapes: one allocation is larger than all the memory there is",
-                    f"it asked for {format_bytes(requested)}, and {place or 'the device'} has "
-                    f"{format_bytes(capacity)} in all; no setting makes that fit, a wrong shape or a batch "
-                    "orders of magnitude too big does that",
-                ),
-            )
-        )
-
-    for pool in pools:
-        idle = pool.idle
-        if idle is None or idle <= 0:
-            continue
-        enough = requested is not None and idle >= requested
-        if not enough and idle < _IDLE_POOL_WORTH:
-            continue
-        if pool.framework == "torch":
-            action, code = "Give torch's cached memory back", 'unimem.clear_cache("torch")'
-        else:
-            action = f"Stop {pool.framework} from preallocating (set before its first operation)"
-            code = f'unimem.configure(backend="{pool.framework}", growth=True)'
-        fit = f", enough for the {format_bytes(requested)} asked for" if enough else ""
-        scored.append(
-            (
-                90 if enough else 60,
-                Suggestion(
-                    "free-other-pool",
-                    action,
-                    f"{pool.framework} in this process holds {format_bytes(pool.reserved)} and uses "
-                    f"{format_bytes(pool.allocated)} of it: {format_bytes(idle)} idle{fit}",
-                    code,
-                ),
-            )
-        )
-
-    share = None if frag is None else frag.share
-    if share is not None and share >= HIGH_FRAGMENTATION and framework is not None:
-        expandable = registry.capability_table(framework).get("allocator.expandable")
-        had_room = requested is not None and frag is not None and (frag.free_in_pool or 0) >= requested
-        if expandable is not None and expandable.supported:
-            scored.append(
-                (
-                    85 if had_room else 40,
-                    Suggestion(
-                        "allocator",
-                        "Use expandable segments so free pieces of the pool can be joined",
-                        f"the pool is {share:.0%} fragmented: {format_bytes(frag.free_in_pool if frag else None)} "
-                        f"free but the largest block is {format_bytes(frag.largest_free_block if frag else None)}"
-                        + (f", too small for {format_bytes(requested)}" if had_room else ""),
-                        f'unimem.configure(backend="{framework}", allocator="expandable")',
-                    ),
-                )
-            )
-
-    if snapshot is not None and snapshot.limit is not None and on_gpu:
-        total, free = snapshot.device_total, snapshot.device_free
-        if total is not None and free is not None and snapshot.limit < 0.95 * total:
-            wanted = requested or 0
-            if free > wanted:
-                scored.append(
-                    (
-                        70 if requested is not None else 30,
-                        Suggestion(
-                            "raise-cap",
-                            f"Raise {framework}'s memory cap",
-                            f"it may use {format_bytes(snapshot.limit)} of the device's {format_bytes(total)}, "
-                            f"and {format_bytes(free)} of the device is free",
-                            f'unimem.configure(backend="{framework}", fraction=...)  # larger; before start for JAX/TF',
-                        ),
-                    )
-                )
-
-    if batch_size is not None and batch_size > 1:
-        at_least = 2
-        allocated = snapshot.allocated if snapshot is not None else None
-        if allocated is not None and requested is not None and capacity:
-            at_least = max(2, math.ceil((allocated + requested) / capacity))
-        micro, steps = _accumulation(batch_size, at_least)
-        total = micro * steps
-        same = "the same global batch" if total == batch_size else f"a global batch of {total} (was {batch_size})"
-        scored.append(
-            (
-                80,
-                Suggestion(
-                    "smaller-batch",
-                    f"Use micro-batches of {micro} with {steps} gradient-accumulation steps ({same})",
-                    f"batch {batch_size} does not fit"
-                    + (
-                        f"; it needed at least {format_bytes(allocated + requested)} of {format_bytes(capacity)}"
-                        if allocated is not None and requested is not None and capacity
-                        else ""
-                    )
-                    + "; unimem.find_batch_size(step, start=...) finds the largest that fits",
-                    _ACCUMULATION_CODE.get(fw, "").format(micro=micro, steps=steps, total=total) or None,
-                ),
-            )
-        )
-    elif batch_size is None:
-        scored.append(
-            (
-                50,
-                Suggestion(
-                    "smaller-batch",
-                    "Use a smaller batch with gradient accumulation to keep the global batch",
-                    "the batch size is not known here: pass oom_guard(batch_size=N) for exact numbers, or let "
-                    "unimem.find_batch_size(step, start=...) find the largest that fits",
-                ),
-            )
-        )
-
-    if framework == "jax" and on_gpu:
-        # Measured on an H200 (JAX 0.11.2, benchmarks/scripts/jax_failed_execution_leak.py):
-        # each failed execution kept exactly its outputs' bytes in use, freed by neither
-        # gc.collect() nor jax.clear_caches(); a retry in this process has that much less.
-        scored.append(
-            (
-                75,
-                Suggestion(
-                    "fresh-process",
-                    "Retry with the new settings in a fresh process",
-                    "XLA does not free a failed step's output buffers: they stay in use until the process ends, "
-                    "so this process now fits less than a fresh one (for a training step, a copy of the "
-                    "parameters and optimizer state per failure)",
-                ),
-            )
-        )
-
-    on, how = precision
-    if on is not True:
-        scored.append(
-            (
-                65 if on is False else 45,
-                Suggestion(
-                    "mixed-precision",
-                    "Turn on mixed precision (bf16): activations take half the memory",
-                    how if on is False else f"not known whether it is on ({how})",
-                    f'with unimem.mixed_precision("bf16", backend="{fw}"):  # around the step',
-                ),
-            )
-        )
-
-    seen_bytes = sum(memory.total_bytes for memory in live if memory.framework == framework)
-    allocated = snapshot.allocated if snapshot is not None else None
-    hidden = allocated is not None and allocated > 2 * seen_bytes
-    scored.append(
-        (
-            58 if hidden else 35,
-            Suggestion(
-                "checkpointing",
-                "Checkpoint activations: recompute them in the backward pass instead of keeping them",
-                (
-                    f"live tensors Python sees hold {format_bytes(seen_bytes)} of {format_bytes(allocated)} allocated: "
-                    "the rest is mostly activations saved for the backward pass"
-                    if hidden
-                    else "trades about a third more compute for most of the activation memory"
-                ),
-                _CHECKPOINT_CODE.get(fw),
-            ),
-        )
+    """The ranked suggestions (``unimem.oom_rules``) for these figures."""
+    # An error no framework raised (a plain MemoryError) still gets code examples: the
+    # first framework's, since an example in some framework beats none.
+    traits = Traits.of(framework or registry.FRAMEWORKS[0])
+    context = Context(
+        framework=framework,
+        requested=requested,
+        capacity=capacity,
+        snapshot=snapshot,
+        frag=frag,
+        live=live,
+        pools=pools,
+        batch_size=batch_size,
+        precision=precision,
+        place=place,
+        on_gpu=place is not None and place.split(":")[0] in ("cuda", "gpu"),
+        traits=traits,
+        pool_traits={pool.framework: Traits.of(pool.framework) for pool in pools},
     )
-    scored.sort(key=lambda pair: -pair[0])  # stable: ties keep the order above
-    return [suggestion for _, suggestion in scored]
+    return suggest(context)
 
 
 # --- building it ------------------------------------------------------------------------------
+
+
+def _pool_figures(
+    framework: str | None, device: int, place: str | None, notes: list[str]
+) -> tuple[MemoryStats | None, Fragmentation | None]:
+    """The failing framework's stats and fragmentation on ``device`` (none for host memory)."""
+    snapshot: MemoryStats | None = None
+    frag: Fragmentation | None = None
+    if place == "cpu":
+        notes.append("device figures: the failure was in host memory, where frameworks keep no pool figures")
+        return None, None
+    if framework is None or not registry.is_framework(framework):
+        return None, None
+    try:
+        snapshot = api.stats(framework, device)
+    except Exception as exc:
+        notes.append(f"stats: {exc}")
+    try:
+        frag = read(framework, device)
+    except Exception as exc:
+        notes.append(f"fragmentation: {exc}")
+    if frag is not None and frag.share is None:
+        exposes = _exposes_fragmentation(framework)  # it would, once its runtime runs
+        notes.append(
+            f"fragmentation: {framework} exposes no free-block figures"
+            + (" before its device runtime starts" if frag.source is None and exposes else "")
+        )
+    return snapshot, frag
+
+
+def _exposes_fragmentation(framework: str) -> bool:
+    try:
+        support = registry.capability_table(framework).get("fragmentation")
+    except Exception:  # an adapter that cannot be had: it exposes nothing
+        return False
+    return support is not None and support.supported
+
+
+def _other_pools(framework: str | None, device: int, in_use: list[str], notes: list[str]) -> list[PoolUse]:
+    """What the other imported frameworks hold on ``device``."""
+    pools: list[PoolUse] = []
+    for name in in_use:
+        if name == framework:
+            continue
+        try:
+            other = api.stats(name, device)
+        except Exception as exc:
+            notes.append(f"{name} stats: {exc}")
+            continue
+        pools.append(PoolUse(name, other.allocated, other.reserved, other.limit))
+    return pools
 
 
 def build_report(
@@ -500,25 +316,7 @@ def build_report(
     found = requested_bytes(message)
     place = _place(oom, framework, device, message)
     in_use = registry.imported_frameworks()
-
-    snapshot: MemoryStats | None = None
-    frag: Fragmentation | None = None
-    if place == "cpu":
-        notes.append("device figures: the failure was in host memory, where frameworks keep no pool figures")
-    elif framework in registry.FRAMEWORKS:
-        try:
-            snapshot = api.stats(framework, device)
-        except Exception as exc:
-            notes.append(f"stats: {exc}")
-        try:
-            frag = _read(framework, device)
-        except Exception as exc:
-            notes.append(f"fragmentation: {exc}")
-        if frag is not None and frag.share is None:
-            notes.append(
-                f"fragmentation: {framework} exposes no free-block figures"
-                + (" before its device runtime starts" if frag.source is None and framework != "tensorflow" else "")
-            )
+    snapshot, frag = _pool_figures(framework, device, place, notes)
 
     capacity: int | None = None
     if place == "cpu":
@@ -536,31 +334,13 @@ def build_report(
     except Exception as exc:
         notes.append(f"live tensors: {exc}")
 
-    pools: list[PoolUse] = []
-    for name in in_use:
-        if name == framework:
-            continue
-        try:
-            other = api.stats(name, device)
-        except Exception as exc:
-            notes.append(f"{name} stats: {exc}")
-            continue
-        pools.append(PoolUse(name, other.allocated, other.reserved, other.limit))
-
-    precision = (mixed_precision, "as told") if mixed_precision is not None else _precision_on(framework, live)
+    pools = _other_pools(framework, device, in_use, notes)
+    precision_found = (mixed_precision, "as told") if mixed_precision is not None else _precision_on(framework, live)
     if found is None:
         notes.append("requested bytes: the error message does not say")
+    requested = found[0] if found else None
     suggestions = _suggest(
-        framework,
-        found[0] if found else None,
-        capacity,
-        snapshot,
-        frag,
-        live,
-        pools,
-        batch_size,
-        precision,
-        place,
+        framework, requested, capacity, snapshot, frag, live, pools, batch_size, precision_found, place
     )
     return OOMReport(
         framework=framework,
@@ -568,7 +348,7 @@ def build_report(
         place=place,
         error_type=f"{type(oom).__module__}.{type(oom).__qualname__}",
         message=_shorten(message, 2000),
-        requested_bytes=found[0] if found else None,
+        requested_bytes=requested,
         requested_from=found[1] if found else None,
         capacity=capacity,
         stats=snapshot,
@@ -576,7 +356,7 @@ def build_report(
         live=tuple(live),
         other_pools=tuple(pools),
         batch_size=batch_size,
-        mixed_precision=precision[0],
+        mixed_precision=precision_found[0],
         suggestions=tuple(suggestions),
         notes=tuple(notes),
     )

@@ -13,17 +13,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from . import api, registry
+from . import registry
+from .config import check_device
 from .sizes import format_bytes
 from .stats import MemoryStats
 
 __all__ = ["Fragmentation", "fragmentation", "with_fragmentation"]
-
-# Where each backend's figures come from, for the record (``Fragmentation.source``).
-_SOURCES = {
-    "torch": "torch.cuda.memory_snapshot(): inactive blocks of this device's segments",
-    "jax": "Device.memory_stats(): pool_bytes - bytes_in_use, largest_free_block_bytes",
-}
 
 
 @dataclass(frozen=True)
@@ -66,20 +61,20 @@ class Fragmentation:
         )
 
 
-def _read(name: str, device: int) -> Fragmentation:
-    backend = registry.get_backend(name)
-    # Not every adapter has the method (NVML has no pool): absent means unknown.
-    reader = getattr(backend, "fragmentation", None)
-    figures = reader(device) if reader is not None else None
+def read(name: str, device: int) -> Fragmentation:
+    """``name``'s figures on ``device``, from its adapter (the base answers None: unknown).
+    The source is the call its capability table names for fragmentation."""
+    figures = registry.get_backend(name).fragmentation(device)
     if not figures:
         return Fragmentation(name, device)
+    support = registry.capability_table(name).get("fragmentation")
     return Fragmentation(
         name,
         device,
         free_in_pool=figures.get("free_in_pool"),
         largest_free_block=figures.get("largest_free_block"),
         free_blocks=figures.get("free_blocks"),
-        source=_SOURCES.get(name),
+        source=support.api if support is not None and support.api else None,
     )
 
 
@@ -91,16 +86,19 @@ def fragmentation(backend: str | None = None, device: int = 0) -> Fragmentation:
     TensorFlow and NVML: unknown (every figure None). Before the framework started its
     device runtime every figure is None. ``backend=None`` picks like ``stats()``.
     """
-    device = api._check_device(device)
-    return _read(api._resolve_query(backend), device)
+    device = check_device(device)
+    name = registry.resolve(backend, "query")
+    if name is None:  # the framework-free view has no pool: every figure is unknown
+        return Fragmentation(registry.FRAMEWORK_FREE, device)
+    return read(name, device)
 
 
 def with_fragmentation(snapshot: MemoryStats) -> MemoryStats:
     """``snapshot`` with ``largest_free_block`` filled in where ``stats()`` leaves it None
     and the backend can tell (torch, through its memory snapshot)."""
-    if snapshot.largest_free_block is not None or snapshot.backend not in registry.FRAMEWORKS:
+    if snapshot.largest_free_block is not None or not registry.is_framework(snapshot.backend):
         return snapshot
-    found = _read(snapshot.backend, snapshot.device)
+    found = read(snapshot.backend, snapshot.device)
     if found.largest_free_block is None:
         return snapshot
     return dataclasses.replace(snapshot, largest_free_block=found.largest_free_block)

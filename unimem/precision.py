@@ -2,9 +2,9 @@
 
 ``mixed_precision("bf16")`` returns a ``Policy``: which dtype computations run in,
 which the parameters are kept in, which outputs (the loss) come back in, and whether
-the loss is scaled. Turning it on is framework-specific and lives in
-``unimem.backends.precision_<framework>`` (imported only when that framework is
-used), each with the same function names:
+the loss is scaled. Turning it on is framework-specific: each framework's adapter
+returns its helpers from ``precision()`` (``unimem.backends.<framework>.precision``,
+imported only when that framework is used), each with the same function names:
 
 - torch: ``torch.autocast`` for the device in use (CUDA if available, else CPU);
 - tensorflow: the Keras global dtype policy (``mixed_bfloat16`` / ``mixed_float16``);
@@ -20,18 +20,21 @@ scaling is on for fp16 only: bf16 has float32's exponent range and does not unde
 
 from __future__ import annotations
 
-import importlib
 import threading
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import registry
 from .errors import ConfigError, UnimemError, UnsupportedFeature
 from .loss_scaling import LossScaler, ScalerConfig
+from .trees import map_leaves as map_leaves  # kept importable from here
+from .trees import tree_leaves as tree_leaves
 
-__all__ = ["PRECISIONS", "Policy", "mixed_precision"]
+if TYPE_CHECKING:
+    from unimem.backends.base import PrecisionHelpers
+
+__all__ = ["PRECISIONS", "Policy", "enabled_backends", "mixed_precision"]
 
 
 @dataclass(frozen=True)
@@ -57,33 +60,6 @@ _enabled: dict[str, list[Policy]] = {}
 _lock = threading.Lock()
 
 
-def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
-    """``tree`` with ``fn`` applied to every leaf; dicts, lists and tuples (named ones
-    too) keep their type, ``None`` stays ``None``. For torch and TF (JAX has its own)."""
-    if tree is None:
-        return None
-    if isinstance(tree, dict):
-        return type(tree)((key, map_leaves(fn, value)) for key, value in tree.items())
-    if isinstance(tree, list):
-        return [map_leaves(fn, item) for item in tree]
-    if isinstance(tree, tuple):
-        items = [map_leaves(fn, item) for item in tree]
-        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
-    return fn(tree)
-
-
-def tree_leaves(tree: Any) -> list[Any]:
-    """The leaves of ``tree`` in ``map_leaves`` order, ``None`` left out."""
-    found: list[Any] = []
-
-    def collect(leaf: Any) -> Any:
-        found.append(leaf)
-        return leaf
-
-    map_leaves(collect, tree)
-    return found
-
-
 def _parse_precision(precision: object) -> Precision:
     if not isinstance(precision, str):
         raise ConfigError("precision", f"expected 'bf16', 'fp16' or 'fp32', got {precision!r}")
@@ -94,29 +70,41 @@ def _parse_precision(precision: object) -> Precision:
     return PRECISIONS[key]
 
 
+def _takes_policy(name: str) -> bool:
+    """Whether the capability table of ``name`` says it runs a mixed-precision policy."""
+    try:
+        support = registry.capability_table(name).get("precision.bf16")
+    except ImportError:  # an adapter this install does not ship
+        return False
+    return support is not None and support.supported
+
+
+def _choices() -> str:
+    """``backend='a', 'b' or 'c'``: the frameworks a policy can be for, read from the registry."""
+    names = [f"'{name}'" for name in registry.FRAMEWORKS if _takes_policy(name)]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+    return f"backend={listed}"
+
+
 def _resolve_backend(backend: object) -> str:
-    """The framework a policy is for; never guesses between several and imports nothing."""
-    if backend is not None:
-        return registry.canonical_name(backend)
-    from .api import _ambiguous, in_use
-
-    # The same rule as stats(): configured, else started, else imported.
-    candidates = [name for name in in_use() if name in registry.FRAMEWORKS]
-    if len(candidates) == 1:
-        return candidates[0]
-    if candidates:
-        raise _ambiguous(candidates)
-    raise ConfigError(
-        "backend",
-        "no framework is configured or imported yet, so there is nothing to set a precision for; "
-        "pass backend='torch', 'tensorflow' or 'jax'",
-    )
+    """The framework a policy is for (an action: configured, else the one imported); never
+    guesses between several and imports nothing."""
+    if backend is None and not registry.configured() and not registry.imported_frameworks():
+        raise ConfigError(
+            "backend",
+            f"no framework is configured or imported yet, so there is nothing to set a precision for; "
+            f"pass {_choices()}",
+        )
+    name = registry.resolve(backend, "action")
+    if name is None:  # an action always names one or raises; kept for the type checker
+        raise ConfigError("backend", f"pass {_choices()}")
+    return name
 
 
-def _helpers(backend: str) -> types.ModuleType:
-    """``unimem.backends.precision_<backend>``: imports the framework."""
-    registry.get_backend(backend)  # BackendUnavailable with the install hint when it is missing
-    return importlib.import_module(f"unimem.backends.precision_{backend}")
+def enabled_backends() -> list[str]:
+    """Frameworks with a unimem mixed-precision policy enabled now, in registry order."""
+    with _lock:
+        return [name for name in registry.FRAMEWORKS if _enabled.get(name)]
 
 
 class Policy:
@@ -129,9 +117,12 @@ class Policy:
     scale 1 unless ``loss_scaling``).
     """
 
-    def __init__(self, precision: Precision, backend: str, helpers: types.ModuleType, device: str) -> None:
+    def __init__(
+        self, precision: Precision, backend: str, helpers: PrecisionHelpers, device: str, *, per_thread: bool = False
+    ) -> None:
         self._precision = precision
         self._helpers = helpers
+        self._per_thread = per_thread  # only the enabling thread may disable it (the backend's trait)
         self._restore: Callable[[], None] | None = None
         self._thread: int | None = None
         self.backend = backend
@@ -211,9 +202,10 @@ class Policy:
                     f"{self.backend}: this {self.precision} policy was enabled before the "
                     f"{stack[-1].precision} policy still on; disable that one first (policies nest)"
                 )
-            if self.backend == "torch" and self._thread != threading.get_ident():
+            if self._per_thread and self._thread != threading.get_ident():
                 raise UnimemError(
-                    "torch: autocast state belongs to the thread that enabled it; disable the policy in that thread"
+                    f"{self.backend}: the precision state belongs to the thread that enabled it; "
+                    "disable the policy in that thread"
                 )
             restore, self._restore = self._restore, None
             stack.pop()
@@ -254,7 +246,8 @@ class Policy:
             raise UnsupportedFeature(
                 self.backend,
                 "wrap_optimizer",
-                "only Keras optimizers scale the loss themselves; use policy.loss_scaler() in the training loop",
+                f"{self.backend} has no optimizer that scales the loss itself; "
+                "use policy.loss_scaler() in the training loop",
             )
         config = ScalerConfig.build(initial_scale, 2.0, 0.5, growth_interval)
         return optimizer if not self.loss_scaling else wrap(optimizer, config)
@@ -280,18 +273,17 @@ def mixed_precision(precision: str, backend: str | None = None) -> Policy:
     """
     chosen = _parse_precision(precision)
     name = _resolve_backend(backend)
-    if name not in registry.FRAMEWORKS:
+    if not registry.is_framework(name):
         raise UnsupportedFeature(
-            name,
-            "precision",
-            "NVML observes memory and runs no computation; pass backend='torch', 'tensorflow' or 'jax'",
+            name, "precision", f"{name} observes memory and runs no computation; pass {_choices()}"
         )
     if chosen.feature:
         support = registry.capability_table(name).get(chosen.feature)
         if support is None or not support.supported:
             note = support.note if support is not None else "no capability entry"
-            raise UnsupportedFeature(name, chosen.feature, f"{note}; pass backend='torch', 'tensorflow' or 'jax'")
-    helpers = _helpers(name)
+            raise UnsupportedFeature(name, chosen.feature, f"{note}; pass {_choices()}")
+    adapter = registry.get_backend(name)  # BackendUnavailable with the install hint when it is missing
+    helpers = adapter.precision()
     device = helpers.device()
     helpers.check(chosen.name, chosen.compute_dtype, device)  # ConfigError("precision", reason)
-    return Policy(chosen, name, helpers, device)
+    return Policy(chosen, name, helpers, device, per_thread=adapter.precision_state_per_thread)

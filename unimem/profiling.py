@@ -13,29 +13,27 @@
 - TensorFlow: ``tf.profiler.experimental.start/stop`` (a TensorBoard trace with the
   memory profile tab; ``tensorboard --logdir PATH``). Works on the CPU.
 
-``path`` is a directory (created); ``paths`` lists the files written.
+``path`` is a directory (created); ``paths`` lists the files written. Each profiler is
+its backend's (``Backend.profiler()``); this module drives it and knows no framework.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
-import warnings
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import registry
-from .errors import ConfigError, UnimemError, UnimemWarning, UnsupportedFeature
-from .support import Phase
-from .tracking import resolve_backend
+from .errors import ConfigError, UnimemError
+
+if TYPE_CHECKING:
+    from unimem.backends.base import Profiler
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "Profile", "profile"]
 
 DEFAULT_MAX_ENTRIES = 100_000  # torch keeps the newest entries: ~tens of MB of pickle at most
-TORCH_SNAPSHOT = "torch_memory_snapshot.pickle"
-JAX_PROFILE = "jax_memory.prof"
 
 
 def _files_under(root: Path) -> set[Path]:
@@ -64,95 +62,48 @@ class Profile:
         self._open = False
         self._before: set[Path] = set()
         self._snapshots = 0
+        self._profiler: Profiler | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
-    def _resolve(self) -> str:
-        if self.backend is None:
-            name, _ = resolve_backend(self._requested)
-            if name == "nvml":
-                raise UnsupportedFeature(
-                    "nvml",
-                    "profile",
-                    "NVML has no memory profiler; import the framework first or pass backend='torch', 'jax' or 'tf'",
-                )
+    def _resolve(self) -> Profiler:
+        """The backend's profiler, found once. Profiling is an action: it must know its framework
+        before anything has run. ``UnsupportedFeature`` where that backend has none usable here."""
+        if self._profiler is None:
+            name = registry.resolve(self._requested, "action") or registry.FRAMEWORK_FREE
+            self._profiler = registry.get_backend(name).profiler()
             self.backend = name
-        return self.backend
+        return self._profiler
 
     def start(self) -> Profile:
         if self._open:
             raise UnimemError("this profile is already running")
-        name = self._resolve()
-        framework = registry.get_backend(name).framework()
-        if name == "torch" and not framework.cuda.is_available():
-            raise UnsupportedFeature(
-                "torch",
-                "profile",
-                "torch records allocator history for CUDA memory only and sees no CUDA device here; "
-                "run on a GPU machine, or profile host memory with a Python profiler (e.g. memray)",
-            )
+        profiler = self._resolve()  # refuses before anything is created
         self.path.mkdir(parents=True, exist_ok=True)
         self._before = _files_under(self.path)
-        if name == "torch":
-            framework.cuda.memory._record_memory_history(max_entries=self.max_entries)
-        elif name == "tensorflow":
-            framework.profiler.experimental.start(str(self.path))
+        profiler.start(self.path, self.max_entries)
         self._open = True
         return self
 
     def stop(self) -> list[Path]:
         """Stop the profiler and write its files; returns every file this profile wrote."""
-        if not self._open:
+        if not self._open or self._profiler is None:
             raise UnimemError("this profile is not running")
-        name = self.backend
-        framework: Any = registry.get_backend(str(name)).framework()
         try:
-            if name == "torch":
-                target = self.path / TORCH_SNAPSHOT
-                framework.cuda.memory._dump_snapshot(str(target))
-            elif name == "jax":
-                self._save_jax(self.path / JAX_PROFILE)
-            elif name == "tensorflow":
-                framework.profiler.experimental.stop()
+            self._profiler.stop(self.path)
         finally:
-            if name == "torch":
-                framework.cuda.memory._record_memory_history(enabled=None)  # stop recording (and its cost)
             self._open = False
         self.paths = sorted(_files_under(self.path) - self._before)
         return self.paths
 
     def snapshot(self, label: str | None = None) -> Path:
         """Write the profiler's picture of memory now (torch, JAX); returns the file."""
-        name = self._resolve()
+        profiler = self._resolve()
         if label is not None and (not isinstance(label, str) or not label or os.sep in label):
             raise ConfigError("label", f"expected a file-name-safe string, got {label!r}")
         self._snapshots += 1
         stem = label or f"snapshot{self._snapshots}-{int(time.time())}"
         self.path.mkdir(parents=True, exist_ok=True)
-        if name == "torch":
-            if not self._open:
-                raise UnimemError("torch's allocator history exists only while the profile runs: call start() first")
-            target = self.path / f"torch_{stem}.pickle"
-            registry.get_backend("torch").framework().cuda.memory._dump_snapshot(str(target))
-        elif name == "jax":
-            target = self.path / f"jax_{stem}.prof"
-            self._save_jax(target)
-        else:
-            raise UnsupportedFeature(
-                name, "profile.snapshot", "TensorFlow's profiler writes one trace per run; use start()/stop()"
-            )
-        return target
-
-    def _save_jax(self, target: Path) -> None:
-        jax_backend = registry.get_backend("jax")
-        if jax_backend.phase() is not Phase.INITIALIZED:
-            # Saving would start JAX (and, on a GPU, preallocate 75% of it) to profile nothing.
-            warnings.warn(
-                "jax: no device memory profile written: JAX has not run anything in this process yet",
-                UnimemWarning,
-                stacklevel=3,
-            )
-            return
-        sys.modules["jax"].profiler.save_device_memory_profile(str(target))
+        return profiler.snapshot(self.path, stem, self._open)
 
     def __enter__(self) -> Profile:
         return self.start()

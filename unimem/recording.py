@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import BackendUnavailable, ConfigError
 
-__all__ = ["BoundedSeries", "Mark", "Recording", "Sample", "load_recording"]
+__all__ = ["BoundedSeries", "Mark", "NoFigures", "Recording", "Sample", "load_recording"]
 
 FORMAT = "unimem.recording/1"
 
@@ -28,6 +28,11 @@ FORMAT = "unimem.recording/1"
 SOURCE_FRAMEWORK = "framework"  # the framework's allocator counters, read in this process
 SOURCE_DEVICE = "device"  # NVML (device and this process) and host RSS, read by the sampler process
 SOURCE_STEP = "step"  # a training step boundary (MemoryHook, Keras callback)
+
+
+class NoFigures(Exception):
+    """Raised by a backend's counter reader that will never have figures here (a CPU device):
+    the monitor stops asking, and keeps the message as a note."""
 
 
 @dataclass(frozen=True)
@@ -278,6 +283,23 @@ class Recording:
                 linewidth=1,
                 label=f"gaps ({len(gaps)} failed readings)",
             )
+        self._draw_marks(ax, start)
+        ax.set_xlabel("seconds since start")
+        ax.set_ylabel(unit)
+        backend = self.meta.get("backend") or "no framework"
+        ax.set_title(title or f"unimem: {backend}, device {self.meta.get('device', 0)}")
+        ax.grid(True, alpha=0.3)
+        top = max(everything) / scale if everything else 1.0
+        ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)  # headroom: a flat line must not sit on the frame
+        if drawn or isinstance(limit, int):
+            ax.legend(loc="lower right", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no figures known", ha="center", va="center", transform=ax.transAxes)
+        fig.savefig(target, format="png", dpi=dpi)
+        return target
+
+    def _draw_marks(self, ax: Any, start: float) -> None:
+        """Marks as labelled vertical lines."""
         times = [s.time - start for s in self.samples] + [m.time - start for m in self.marks]
         span = (max(times) - min(times)) if times else 0.0
         previous, level = None, 0
@@ -298,19 +320,6 @@ class Recording:
                 fontsize=7,
                 color="dimgray",
             )
-        ax.set_xlabel("seconds since start")
-        ax.set_ylabel(unit)
-        backend = self.meta.get("backend") or "no framework"
-        ax.set_title(title or f"unimem: {backend}, device {self.meta.get('device', 0)}")
-        ax.grid(True, alpha=0.3)
-        top = max(everything) / scale if everything else 1.0
-        ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)  # headroom: a flat line must not sit on the frame
-        if drawn or isinstance(limit, int):
-            ax.legend(loc="lower right", fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "no figures known", ha="center", va="center", transform=ax.transAxes)
-        fig.savefig(target, format="png", dpi=dpi)
-        return target
 
     def _draw(self, ax: Any, name: str, source: str | None, label: str, style: str, start: float, scale: int) -> int:
         rows = [s for s in self.samples if source is None or s.source == source]

@@ -1,7 +1,27 @@
-"""Backend names to lazily imported adapters.
+"""The registry: backend names, their lazily imported adapters, and the one rule for ``backend=None``.
 
-Nothing here imports a framework or NVML: installed frameworks are found with
-``importlib.util.find_spec`` and imported ones through ``sys.modules``.
+This table is the only place in the front that names a framework. Nothing here imports
+a framework or NVML: installed frameworks are found with ``importlib.util.find_spec``,
+imported ones through ``sys.modules``, and an adapter module is imported on first use.
+
+``backend=None`` means one thing everywhere, in two kinds (``resolve``):
+
+- a *query* (``stats``, ``track``, ``monitor``, ``summary``, ``fragmentation``): the
+  frameworks named in ``configure()``; else those whose device runtime has started; else
+  the framework-free view (NVML, or Nones on a host without a driver), answered as ``None``.
+- an *action* that must work before anything starts (``mixed_precision``,
+  ``find_batch_size``, ``oom_guard``, ``profile``): the frameworks named in ``configure()``;
+  else the one framework the user imported, not counting one that another imported module
+  imports itself (TensorFlow and Keras import JAX; transformers imports torch); else a
+  ``ConfigError`` listing the candidates.
+
+Several at one level is a ``ConfigError`` naming them: unimem never guesses.
+
+Third-party backends register an adapter class in the entry-point group
+``unimem.backends`` (``name = "package.module:Class"``). Reading entry points costs tens
+of milliseconds, so they are read once, on the first lookup that needs them (an unknown
+name, a list of backends, the ``backend=None`` rule), never at ``import unimem``. A
+built-in name always wins over a plug-in of the same name.
 """
 
 from __future__ import annotations
@@ -11,21 +31,30 @@ import importlib.util
 import sys
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from .errors import BackendUnavailable, ConfigError
-from .support import Support
+from .support import Phase, Support
 
 if TYPE_CHECKING:
     from unimem.backends.base import Backend
 
 __all__ = [
     "BACKENDS",
+    "ENTRY_POINT_GROUP",
+    "all_backends",
+    "frameworks",
     "FRAMEWORKS",
+    "FRAMEWORK_FREE",
+    "adapter_class",
     "available_backends",
     "canonical_name",
+    "configured",
     "get_backend",
     "imported_frameworks",
+    "note_configured",
+    "resolve",
+    "started_frameworks",
 ]
 
 
@@ -34,37 +63,113 @@ class Entry:
     module: str  # the top-level module the framework is imported as
     adapter: str  # "package.module:Class", imported on first use
     install: str  # what to run when it is missing
+    framework: bool = True  # False for the framework-free view, which observes and runs nothing
+    imported_by: tuple[str, ...] = ()  # modules that import this framework themselves when imported
 
 
 BACKENDS: dict[str, Entry] = {
-    "torch": Entry("torch", "unimem.backends.torch_backend:TorchBackend", "pip install 'unimem[torch]'"),
+    "torch": Entry(
+        "torch",
+        "unimem.backends.torch.adapter:TorchBackend",
+        "pip install 'unimem[torch]'",
+        imported_by=("transformers",),
+    ),
     "tensorflow": Entry(
         "tensorflow",
-        "unimem.backends.tensorflow_backend:TensorFlowBackend",
+        "unimem.backends.tensorflow.adapter:TensorFlowBackend",
         "pip install 'unimem[tensorflow]' (tensorflow[and-cuda] for a GPU)",
     ),
-    "jax": Entry("jax", "unimem.backends.jax_backend:JaxBackend", "pip install 'unimem[jax]' (jax[cuda12] for a GPU)"),
-    "nvml": Entry("pynvml", "unimem.backends.nvml_backend:NvmlBackend", "pip install 'unimem[nvml]' (nvidia-ml-py)"),
+    "jax": Entry(
+        "jax",
+        "unimem.backends.jax.adapter:JaxBackend",
+        "pip install 'unimem[jax]' (jax[cuda12] for a GPU)",
+        imported_by=("tensorflow", "keras"),
+    ),
+    "cupy": Entry("cupy", "unimem.backends.cupy.adapter:CupyBackend", "pip install 'unimem[cupy]' (cupy-cuda12x)"),
+    "nvml": Entry(
+        "pynvml",
+        "unimem.backends.nvml.adapter:NvmlBackend",
+        "pip install 'unimem[nvml]' (nvidia-ml-py)",
+        framework=False,
+    ),
 }
-FRAMEWORKS = ("torch", "tensorflow", "jax")
 ALIASES = {"tf": "tensorflow", "pytorch": "torch", "pynvml": "nvml"}
+FRAMEWORK_FREE = next(name for name, entry in BACKENDS.items() if not entry.framework)
+FRAMEWORKS = tuple(name for name, entry in BACKENDS.items() if entry.framework)
 
+ENTRY_POINT_GROUP = "unimem.backends"
+_plugins: dict[str, Entry] = {}  # from entry points, once discovered
+_discovered = False
 _instances: dict[str, Backend] = {}
-_lock = threading.Lock()
+_configured: list[str] = []  # frameworks the user named to configure(), in order
+_lock = threading.RLock()
+
+
+def _discover() -> None:
+    """Read the entry points of third-party backends, once per process."""
+    global _discovered
+    if _discovered:
+        return
+    with _lock:
+        if _discovered:
+            return
+        from importlib.metadata import entry_points
+
+        for point in entry_points(group=ENTRY_POINT_GROUP):
+            if point.name in BACKENDS or point.name in ALIASES or point.name in _plugins:
+                continue
+            dist = getattr(point, "dist", None)
+            source = f"the {dist.name} distribution" if dist is not None else "its distribution"
+            try:
+                module_name, _, class_name = point.value.partition(":")
+                cls = getattr(importlib.import_module(module_name), class_name)
+            except Exception as exc:  # a broken plug-in must not break unimem: it is left out, with the reason
+                import warnings
+
+                from .errors import UnimemWarning
+
+                warnings.warn(
+                    f"backend plug-in {point.name!r} ({point.value}) not loaded: {exc}", UnimemWarning, stacklevel=3
+                )
+                continue
+            _plugins[point.name] = Entry(cls.module, point.value, f"reinstall {source}")
+        _discovered = True
+
+
+def _entry(name: str) -> Entry:
+    return BACKENDS[name] if name in BACKENDS else _plugins[name]
+
+
+def all_backends() -> list[str]:
+    """Every backend name: the built-in table, then plug-ins (entry points are read here)."""
+    _discover()
+    return [*BACKENDS, *_plugins]
 
 
 def canonical_name(name: object, parameter: str = "backend") -> str:
     """``"tf"`` -> ``"tensorflow"``; anything unknown is a ``ConfigError``."""
-    if isinstance(name, str) and name in BACKENDS:  # already canonical: the common case in queries
+    if isinstance(name, str) and (name in BACKENDS or name in _plugins):  # the common case in queries
         return name
     if not isinstance(name, str):
         raise ConfigError(parameter, f"backend names are strings, got {name!r}")
     key = name.strip().lower()
     key = ALIASES.get(key, key)
     if key not in BACKENDS:
-        known = ", ".join([*BACKENDS, *ALIASES])
-        raise ConfigError(parameter, f"unknown backend {name!r}; known: {known}")
+        _discover()
+        if key not in _plugins:
+            known = ", ".join([*BACKENDS, *ALIASES, *_plugins])
+            raise ConfigError(parameter, f"unknown backend {name!r}; known: {known}")
     return key
+
+
+def is_framework(name: str) -> bool:
+    """Whether ``name`` runs computations (every backend but the framework-free view)."""
+    return (name in BACKENDS and BACKENDS[name].framework) or name in _plugins
+
+
+def frameworks() -> list[str]:
+    """Every framework backend, plug-ins included (entry points are read here)."""
+    return [name for name in all_backends() if is_framework(name)]
 
 
 def _installed(module: str) -> bool:
@@ -78,12 +183,82 @@ def _installed(module: str) -> bool:
 
 def available_backends() -> list[str]:
     """Backends whose framework (or NVML) is installed, found without importing it."""
-    return [name for name, entry in BACKENDS.items() if _installed(entry.module)]
+    return [name for name in all_backends() if _installed(_entry(name).module)]
+
+
+def installed_frameworks() -> list[str]:
+    return [name for name in available_backends() if is_framework(name)]
 
 
 def imported_frameworks() -> list[str]:
     """Frameworks already imported in this process (never NVML)."""
-    return [name for name in FRAMEWORKS if BACKENDS[name].module in sys.modules]
+    return [name for name in frameworks() if _entry(name).module in sys.modules]
+
+
+def started_frameworks() -> list[str]:
+    """Imported frameworks whose device runtime has started (a query's evidence of use)."""
+    return [name for name in imported_frameworks() if get_backend(name).phase() is Phase.INITIALIZED]
+
+
+def user_imported() -> list[str]:
+    """Imported frameworks less those another imported module brought in itself.
+
+    TensorFlow imports JAX, transformers imports torch: imported alone, such a framework
+    is no sign the script uses it. It still counts when nothing else is imported.
+    """
+    imported = imported_frameworks()
+    own = [n for n in imported if not any(m in sys.modules for m in _entry(n).imported_by)]
+    return own or imported
+
+
+def configured() -> list[str]:
+    """Frameworks the user named to ``configure()`` in this process, in order."""
+    return list(_configured)
+
+
+def note_configured(names: tuple[str, ...] | list[str]) -> None:
+    for name in names:
+        if is_framework(name) and name not in _configured:
+            _configured.append(name)
+
+
+def _one(candidates: list[str], evidence: str) -> str:
+    if len(candidates) == 1:
+        return candidates[0]
+    both = " both" if len(candidates) == 2 else " all"
+    which = " and ".join(candidates)
+    raise ConfigError("backend", f"{which} {evidence.format(both=both)} in this process; pass backend= one of them")
+
+
+def resolve(backend: object, kind: Literal["query", "action"]) -> str | None:
+    """The backend ``backend`` means for a query or an action (see the module's doc).
+
+    An explicit name is made canonical. ``None`` from a query means the framework-free view.
+    """
+    if backend is not None:
+        return canonical_name(backend)
+    if _configured:
+        return _one(list(_configured), "were{both} named to configure()")
+    if kind == "query":
+        started = started_frameworks()
+        return _one(started, "have{both} started their device runtime") if started else None
+    imported = user_imported()
+    if imported:
+        return _one(imported, "are{both} imported")
+    candidates = ", ".join(installed_frameworks()) or "none installed"
+    raise ConfigError(
+        "backend",
+        f"no framework is configured or imported yet, so unimem cannot tell which one this is for; "
+        f"pass backend= one of: {candidates}",
+    )
+
+
+def adapter_class(name: str) -> type[Backend]:
+    """The adapter class of ``name``, installed or not: it is data and methods, no framework."""
+    key = canonical_name(name)
+    module_name, _, class_name = _entry(key).adapter.partition(":")
+    cls: type[Backend] = getattr(importlib.import_module(module_name), class_name)
+    return cls
 
 
 def get_backend(name: str) -> Backend:
@@ -95,18 +270,14 @@ def get_backend(name: str) -> Backend:
     with _lock:
         backend = _instances.get(key)
         if backend is None:
-            entry = BACKENDS[key]
+            entry = _entry(key)
             if not _installed(entry.module):
                 raise BackendUnavailable(f"{key}: the '{entry.module}' module is not installed; {entry.install}")
-            module_name, _, class_name = entry.adapter.partition(":")
-            backend = getattr(importlib.import_module(module_name), class_name)()
+            backend = adapter_class(key)()
             _instances[key] = backend
     return backend
 
 
 def capability_table(name: str) -> dict[str, Support]:
     """The capability table of ``name``, installed or not (it is data)."""
-    key = canonical_name(name)
-    module_name, _, class_name = BACKENDS[key].adapter.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return dict(cls.CAPABILITIES)
+    return dict(adapter_class(name).CAPABILITIES)

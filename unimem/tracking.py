@@ -23,41 +23,49 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from . import registry
-from .api import _check_device, _resolve_query, fallback_stats
+from .api import framework_free_stats
+from .config import check_device
 from .errors import ConfigError, UnimemError
 from .sizes import format_bytes
 from .stats import MemoryStats
 from .support import Level
 
-__all__ = ["Tracked", "read_stats", "resolve_backend", "track"]
+__all__ = ["Tracked", "read_stats", "resolve_query", "track"]
 
 MODE_RESET = "reset"  # the framework resets its peak: exact, nestable
 MODE_COMPARE = "compare"  # peak cannot be reset: exact if it rose, else a lower bound
 MODE_NONE = "none"  # no peak at all
 
 
-def resolve_backend(backend: str | None) -> tuple[str, bool]:
-    """``(name, fallback)``: the backend a query on ``backend`` reads, as ``stats()`` picks it.
-
-    ``fallback`` is True when nothing is in use and NVML stands in: a machine
-    without a driver then reads Nones rather than raising.
-    """
+def resolve_query(backend: str | None) -> str | None:
+    """The backend a query on ``backend`` reads (the registry's query rule); None for the
+    framework-free view."""
     if backend is not None and not isinstance(backend, str):
         raise ConfigError("backend", f"expected a backend name or None, got {backend!r}")
-    name = _resolve_query(backend)
-    return name, backend is None and name == "nvml"
+    return registry.resolve(backend, "query")
 
 
-def read_stats(name: str, device: int, fallback: bool) -> MemoryStats:
-    """A full ``MemoryStats`` of ``name`` (the NVML fallback reads Nones without a driver)."""
-    return fallback_stats(device) if fallback else registry.get_backend(name).stats(device)
+def read_stats(name: str | None, device: int) -> MemoryStats:
+    """A full ``MemoryStats`` of ``name``; None reads the framework-free view (Nones without a driver)."""
+    return framework_free_stats(device) if name is None else registry.get_backend(name).stats(device)
+
+
+def resolve_backend(backend: str | None) -> tuple[str, bool]:
+    """``(name, fallback)``: the name a block reports, and whether it is the framework-free view."""
+    name = resolve_query(backend)
+    return (registry.FRAMEWORK_FREE, True) if name is None else (name, False)
+
+
+def _read(name: str, device: int, fallback: bool) -> MemoryStats:
+    return read_stats(None if fallback else name, device)
 
 
 def _peak_mode(name: str, fallback: bool) -> str:
     if fallback:
         return MODE_NONE
-    level = registry.get_backend(name).CAPABILITIES["reset_peak"].level
-    if level is Level.NATIVE:
+    backend = registry.get_backend(name)
+    level = backend.CAPABILITIES["reset_peak"].level
+    if level is Level.NATIVE or (level is Level.EMULATED and backend.peak_reset_exact):
         return MODE_RESET
     if level is Level.EMULATED:
         return MODE_COMPARE
@@ -134,7 +142,7 @@ class Tracked:
     def __init__(self, backend: str | None = None, device: int = 0) -> None:
         if backend is not None:
             registry.canonical_name(backend)
-        self.device = _check_device(device)
+        self.device = check_device(device)
         self._requested = backend
         self.backend: str | None = None
         self.start: MemoryStats | None = None
@@ -161,7 +169,7 @@ class Tracked:
         self.peak = self.peak_reserved = self.peak_exact = self.delta = self.duration = None
         self.note = ""
         with _frames_lock:
-            self._begin(read_stats(name, self.device, fallback))
+            self._begin(_read(name, self.device, fallback))
         return self
 
     def __exit__(
@@ -178,7 +186,7 @@ class Tracked:
             raise UnimemError("this track() block is not open")
         assert self.backend is not None
         with _frames_lock:
-            self._finish(read_stats(self.backend, self.device, self._fallback))
+            self._finish(_read(self.backend, self.device, self._fallback))
 
     def roll(self) -> Tracked:
         """End the block and open the next one at the same instant, reading the stats once.
@@ -190,7 +198,7 @@ class Tracked:
             raise UnimemError("this track() block is not open")
         assert self.backend is not None
         with _frames_lock:
-            snapshot = read_stats(self.backend, self.device, self._fallback)
+            snapshot = _read(self.backend, self.device, self._fallback)
             self._finish(snapshot)
             finished = Tracked.__new__(Tracked)
             finished.__dict__.update(self.__dict__)

@@ -1,4 +1,4 @@
-"""NVML (nvidia-ml-py): the framework-free ground truth for device and process memory.
+"""The NVML gate: the one way into nvidia-ml-py for adapters, the CLI, the monitor and compare.
 
 NVML is initialised lazily under a lock and never shut down (other code in the
 process may use it too). Failures are remembered so a machine without a driver
@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 import threading
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any
 
-from unimem.config import Settings
-from unimem.errors import BackendUnavailable, UnsupportedFeature
-from unimem.stats import MemoryStats
-from unimem.support import Level, Phase, Support
+from unimem.errors import BackendUnavailable
 
-from .base import Backend, Step, no_such_device
-
-__all__ = ["NvmlBackend", "device_figures", "nvml_status"]
+__all__ = [
+    "device_count",
+    "device_figures",
+    "device_usage",
+    "devices_info",
+    "handle",
+    "initialized",
+    "load",
+    "nvml_status",
+    "probe",
+    "process_used",
+    "processes",
+]
 
 _lock = threading.Lock()
 _pynvml: Any = None
@@ -29,7 +36,7 @@ _handles: dict[tuple[int, str | None], Any] = {}
 _use_v2 = True
 
 
-def _load() -> Any:
+def load() -> Any:
     """pynvml, initialised; raises ``BackendUnavailable`` saying why not."""
     global _pynvml, _init_error
     if _pynvml is not None:
@@ -59,7 +66,7 @@ def _load() -> Any:
 def nvml_status() -> str:
     """``"ok"`` or the reason NVML cannot be used here."""
     try:
-        _load()
+        load()
     except BackendUnavailable as exc:
         return str(exc)
     return "ok"
@@ -85,14 +92,14 @@ def _visible_entry(ordinal: int) -> str | None:
     return entries[ordinal]
 
 
-def _handle(ordinal: int, uuid: str | None = None) -> Any:
+def handle(ordinal: int, uuid: str | None = None) -> Any:
     """NVML handle of CUDA device ``ordinal``.
 
     NVML numbers devices by PCI bus order over the whole machine; CUDA numbers the
     visible ones. Map through the UUID when the framework knows it, else through
     CUDA_VISIBLE_DEVICES (an index or a UUID prefix).
     """
-    pynvml = _load()
+    pynvml = load()
     entry = uuid if uuid is not None else _visible_entry(ordinal)
     key = (ordinal, entry)
     handle = _handles.get(key)
@@ -121,8 +128,8 @@ def device_figures(ordinal: int, uuid: str | None = None) -> tuple[int | None, i
     """``(device_total, device_free, process_used)`` from NVML; ``None`` for each unknown."""
     global _use_v2
     try:
-        pynvml = _load()
-        handle = _handle(ordinal, uuid)
+        pynvml = load()
+        device = handle(ordinal, uuid)
     except (BackendUnavailable, IndexError):
         return None, None, None
     except Exception:  # an NVMLError for a device that vanished: no figures, no crash
@@ -131,17 +138,17 @@ def device_figures(ordinal: int, uuid: str | None = None) -> tuple[int | None, i
     try:
         if _use_v2:
             try:
-                memory = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+                memory = pynvml.nvmlDeviceGetMemoryInfo(device, version=pynvml.nvmlMemory_v2)
             except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported, AttributeError):
                 _use_v2 = False  # old driver: v1 "used" also counts reserved memory
-                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                memory = pynvml.nvmlDeviceGetMemoryInfo(device)
         else:
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(device)
         total, free = int(memory.total), int(memory.free)
     except pynvml.NVMLError:
         pass
     try:
-        used = process_used(handle)
+        used = process_used(device)
     except pynvml.NVMLError:
         used = None
     return total, free, used
@@ -172,8 +179,8 @@ def _processes_in_one_call(handle: Any) -> list[tuple[int, int | None]] | None:
     """``(pid, bytes)`` of every compute process on ``handle``, in one NVML call.
 
     pynvml's nvmlDeviceGetComputeRunningProcesses makes two (the first only sizes the
-    array) and builds an object per process: 26.5 of the 32 µs stats() spent in NVML on
-    an H200 (benchmarks/results/gpu-h200.json). Same function and struct as pynvml uses.
+    array) and builds an object per process: most of what stats() spends in NVML
+    (docs/measurements.md, "stats() latency"). Same function and struct as pynvml uses.
     None when more processes than slots run there or this pynvml lacks the pieces: the
     caller then asks pynvml's public call.
     """
@@ -204,14 +211,14 @@ def _processes_in_one_call(handle: Any) -> list[tuple[int, int | None]] | None:
 
 def device_count() -> int | None:
     try:
-        return int(_load().nvmlDeviceGetCount())
+        return int(load().nvmlDeviceGetCount())
     except Exception:
         return None
 
 
 def devices_info() -> list[dict[str, Any]]:
     """Name, UUID, driver and memory of every NVML device (for ``unimem info``)."""
-    pynvml = _load()
+    pynvml = load()
     driver = pynvml.nvmlSystemGetDriverVersion()
     driver = driver.decode() if isinstance(driver, bytes) else driver
     out = []
@@ -233,78 +240,77 @@ def devices_info() -> list[dict[str, Any]]:
     return out
 
 
-_NO_CONFIG = "NVML observes; it cannot change what a framework allocates"
+def device_usage(index: int) -> tuple[dict[str, Any], list[tuple[int, int | None]]]:
+    """Name and memory of NVML device ``index``, and ``(pid, bytes)`` of its compute processes.
+
+    An NVML error on this device becomes the row's ``error`` (processes listed so far are
+    kept): one failing device must not blank the others in ``unimem watch``.
+    """
+    pynvml = load()
+    row: dict[str, Any] = {"index": index, "name": "?", "total": None, "used": None, "free": None, "error": None}
+    listed: list[tuple[int, int | None]] = []
+    try:
+        device = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = pynvml.nvmlDeviceGetName(device)
+        row["name"] = name.decode() if isinstance(name, bytes) else name
+        memory = pynvml.nvmlDeviceGetMemoryInfo(device)
+        row.update(total=int(memory.total), free=int(memory.free), used=int(memory.total) - int(memory.free))
+        listed = processes(index)
+    except pynvml.NVMLError as exc:
+        row["error"] = str(exc)
+    return row, listed
 
 
-class NvmlBackend(Backend):
-    name = "nvml"
-    module = "pynvml"
-    distributions = ("nvidia-ml-py", "pynvml")
-    CAPABILITIES: ClassVar[dict[str, Support]] = {
-        **{
-            feature: Support(Level.UNSUPPORTED, note=_NO_CONFIG)
-            for feature in (
-                "fraction",
-                "limit",
-                "growth",
-                "preallocate",
-                "allocator.default",
-                "allocator.async",
-                "allocator.expandable",
-                "allocator.uncached",
-                "devices",
-            )
-        },
-        **{
-            feature: Support(Level.UNSUPPORTED, note="NVML sees the device, not a framework's pool")
-            for feature in (
-                "stats.allocated",
-                "stats.reserved",
-                "stats.peak",
-                "stats.limit",
-                "stats.largest_free_block",
-                "stats.num_allocs",
-            )
-        },
-        "stats.device": Support(Level.NATIVE, "nvmlDeviceGetMemoryInfo (v2, v1 on old drivers)"),
-        "stats.process_used": Support(
-            Level.NATIVE,
-            "nvmlDeviceGetComputeRunningProcesses",
-            note="None where NVML does not list this PID (another PID namespace)",
-        ),
-        "reset_peak": Support(Level.UNSUPPORTED, note="NVML keeps no peak"),
-        "clear_cache": Support(Level.UNSUPPORTED, note=_NO_CONFIG),
-        **{
-            feature: Support(Level.UNSUPPORTED, note="NVML observes memory and runs no computation")
-            for feature in ("precision.bf16", "precision.fp16", "precision.loss_scaling")
-        },
-        "oom": Support(Level.UNSUPPORTED, note="NVML runs no computation and raises no out-of-memory error"),
-        "fragmentation": Support(Level.UNSUPPORTED, note="NVML sees device memory, not a framework's pool"),
-        "batch_size": Support(Level.UNSUPPORTED, note="NVML runs no step"),
-    }
+def initialized() -> bool:
+    """Whether NVML has been initialised in this process (no call is made)."""
+    return _pynvml is not None
 
-    def phase(self) -> Phase:
-        return (
-            Phase.INITIALIZED
-            if _pynvml is not None
-            else (Phase.IMPORTED if "pynvml" in sys.modules else Phase.NOT_IMPORTED)
-        )
 
-    def plan(self, settings: Settings) -> list[Step]:
-        for setting in settings.given():
-            raise UnsupportedFeature("nvml", setting, f"{_NO_CONFIG}; configure a framework backend")
-        return []
+def processes(index: int) -> list[tuple[int, int | None]]:
+    """``(pid, bytes)`` of every compute process NVML lists on NVML device ``index``.
 
-    def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
-        pynvml = _load()  # an explicit NVML query on a machine without NVML is an error, not Nones
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible is None and device >= pynvml.nvmlDeviceGetCount():
-            raise no_such_device("nvml", device, pynvml.nvmlDeviceGetCount())
-        total, free, used = device_figures(device)
-        return MemoryStats("nvml", device, device_total=total, device_free=free, process_used=used)
+    A process of another PID namespace (a container) is not listed: absence is not proof.
+    """
+    pynvml = load()
+    device = pynvml.nvmlDeviceGetHandleByIndex(index)
+    listed = _processes_in_one_call(device)
+    if listed is None:
+        listed = [(int(p.pid), p.usedGpuMemory) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(device)]
+    return [(pid, None if used is None else int(used)) for pid, used in listed]
 
-    def reset_peak(self, device: int = 0) -> None:
-        raise UnsupportedFeature("nvml", "reset_peak", "NVML keeps no peak; use a framework backend")
 
-    def clear_cache(self, device: int = 0) -> int:
-        raise UnsupportedFeature("nvml", "clear_cache", f"{_NO_CONFIG}; use a framework backend")
+Reading = tuple[int | None, int | None, int | None]
+
+
+def probe(ordinal: int, pid: int, uuid: str | None = None) -> Callable[[], Reading]:
+    """A reader of ``(device_total, device_used, process_used)`` for CUDA device ``ordinal``
+    and process ``pid``, for a sampler polling at up to 1 kHz: the handle is found once.
+
+    Raises ``BackendUnavailable`` when NVML cannot be used here; a failed reading raises
+    NVML's error (the caller records a gap).
+    """
+    pynvml = load()
+    device = handle(ordinal, uuid)
+    use_v2 = True
+
+    def read() -> Reading:
+        nonlocal use_v2
+        if use_v2:
+            try:
+                memory = pynvml.nvmlDeviceGetMemoryInfo(device, version=pynvml.nvmlMemory_v2)
+            except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported, AttributeError):
+                use_v2 = False  # an old driver: v1's "used" also counts reserved memory
+                memory = pynvml.nvmlDeviceGetMemoryInfo(device)
+        else:
+            memory = pynvml.nvmlDeviceGetMemoryInfo(device)
+        used = None
+        listed = _processes_in_one_call(device)
+        if listed is None:
+            listed = [(p.pid, p.usedGpuMemory) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(device)]
+        for proc_pid, proc_used in listed:
+            if proc_pid == pid and proc_used is not None:
+                used = (used or 0) + int(proc_used)
+        total = int(memory.total)
+        return total, total - int(memory.free), used
+
+    return read

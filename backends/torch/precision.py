@@ -1,8 +1,9 @@
 """Mixed precision for PyTorch: ``torch.autocast`` and a dynamic loss scaler.
 
-Imported by ``unimem.precision`` only once a policy is asked for torch. The same
-function names exist in ``precision_tensorflow`` and ``precision_jax``: ``device``,
-``check``, ``dtype``, ``cast``, ``enable``, ``loss_scaler``.
+The torch adapter's ``precision()`` returns this module, imported only once a policy is
+asked for torch. Every framework's ``precision`` module has the same functions (the
+``PrecisionHelpers`` protocol of ``unimem.backends.base``): ``device``, ``check``,
+``dtype``, ``cast``, ``enable``, ``loss_scaler``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from unimem.errors import ConfigError
 from unimem.loss_scaling import LossScaler, NoLossScaling, ScalerConfig, next_scale
-from unimem.precision import map_leaves, tree_leaves
+from unimem.trees import map_leaves, tree_leaves
 
 __all__ = ["TorchLossScaler", "cast", "check", "device", "dtype", "enable", "loss_scaler"]
 
@@ -40,11 +41,11 @@ def dtype(name: str) -> Any:
 
 def _nvml_compute_capability(index: int) -> tuple[int, int] | None:
     """The GPU's compute capability from NVML, which (unlike torch) does not start CUDA."""
-    from . import nvml_backend
+    from unimem.backends.nvml import gate
 
     try:
-        pynvml = nvml_backend._load()
-        handle = nvml_backend._handle(index)  # CUDA ordinal -> NVML device through CUDA_VISIBLE_DEVICES
+        pynvml = gate.load()
+        handle = gate.handle(index)  # CUDA ordinal -> NVML device through CUDA_VISIBLE_DEVICES
         major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
     except Exception:  # no NVML, no driver, or an old one: ask torch instead
         return None

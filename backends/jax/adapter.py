@@ -12,16 +12,31 @@ import importlib.util
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from unimem.backends.base import (
+    STATUS_SKIPPED,
+    Backend,
+    Counters,
+    PrecisionHelpers,
+    Profiler,
+    Step,
+    devices_step,
+    env_step,
+    no_such_device,
+)
+from unimem.backends.jax import diagnose, runtime
+from unimem.backends.nvml import gate as nvml_gate
 
 from unimem.config import Settings
 from unimem.errors import ConfigError, UnimemWarning
 from unimem.stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
-from . import nvml_backend
-from .base import STATUS_SKIPPED, Backend, Step, devices_step, env_step, no_such_device
+if TYPE_CHECKING:
+    from unimem.live_objects import LiveMemory
 
 __all__ = ["JaxBackend"]
 
@@ -73,6 +88,7 @@ def _cuda_plugin_installed() -> bool:
 class JaxBackend(Backend):
     name = "jax"
     module = "jax"
+    preallocation_var = "XLA_PYTHON_CLIENT_PREALLOCATE"
     distributions = ("jax",)
     CAPABILITIES: ClassVar[dict[str, Support]] = {
         "fraction": Support(
@@ -162,13 +178,7 @@ class JaxBackend(Backend):
     def phase(self) -> Phase:
         if "jax" not in sys.modules:
             return Phase.NOT_IMPORTED
-        bridge = sys.modules.get("jax._src.xla_bridge")
-        if bridge is None:
-            return Phase.IMPORTED
-        started = getattr(bridge, "backends_are_initialized", None)
-        if started is not None:
-            return Phase.INITIALIZED if started() else Phase.IMPORTED
-        return Phase.INITIALIZED if getattr(bridge, "_backends", None) else Phase.IMPORTED
+        return Phase.INITIALIZED if runtime.started() else Phase.IMPORTED
 
     # --- configuration --------------------------------------------------------
     def plan(self, settings: Settings) -> list[Step]:
@@ -209,7 +219,7 @@ class JaxBackend(Backend):
         else:
             assert settings.limit is not None
             setting, value = "limit", settings.limit
-            total = nvml_backend.device_figures(0)[0]
+            total = nvml_gate.device_figures(0)[0]
             if total is None:
                 if not _cuda_plugin_installed():
                     return [
@@ -226,7 +236,7 @@ class JaxBackend(Backend):
                 raise ConfigError(
                     "limit",
                     "JAX takes a cap only as a fraction of device memory and the device total is "
-                    f"unknown here ({nvml_backend.nvml_status()}); pass fraction= instead, "
+                    f"unknown here ({nvml_gate.nvml_status()}); pass fraction= instead, "
                     "or install nvidia-ml-py",
                 )
             if settings.limit > total:
@@ -261,7 +271,7 @@ class JaxBackend(Backend):
         return dev.memory_stats()
 
     def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
-        total, free, used = nvml_backend.device_figures(device) if nvml else (None, None, None)
+        total, free, used = nvml_gate.device_figures(device) if nvml else (None, None, None)
         raw = self._raw_stats(device)
         if not raw:
             return MemoryStats("jax", device, device_total=total, device_free=free, process_used=used)
@@ -309,7 +319,7 @@ class JaxBackend(Backend):
         if self.phase() is not Phase.INITIALIZED:
             return 0
         before_stats = self._raw_stats(device)
-        before_process = nvml_backend.device_figures(device)[2]
+        before_process = nvml_gate.device_figures(device)[2]
         gc.collect()  # arrays kept alive only by reference cycles
         sys.modules["jax"].clear_caches()  # compiled executables and their constants
         gc.collect()  # executables the caches let go of may sit in cycles: their modules unload now
@@ -317,7 +327,7 @@ class JaxBackend(Backend):
         if before_stats and after_stats and "pool_bytes" in before_stats:
             given = before_stats["pool_bytes"] - after_stats.get("pool_bytes", before_stats["pool_bytes"])
         else:
-            after_process = nvml_backend.device_figures(device)[2]
+            after_process = nvml_gate.device_figures(device)[2]
             given = 0 if before_process is None or after_process is None else before_process - after_process
         if given <= 0 and before_stats is not None:
             warnings.warn(
@@ -327,3 +337,67 @@ class JaxBackend(Backend):
                 stacklevel=3,
             )
         return max(0, given)
+
+    # --- out-of-memory diagnosis (diagnose.py) -------------------------------------------
+    error_modules = diagnose.ERROR_MODULES
+    accumulation_code = diagnose.ACCUMULATION_CODE
+    checkpoint_code = diagnose.CHECKPOINT_CODE
+
+    @classmethod
+    def recognises_oom(cls, exc: BaseException, message: str) -> bool:
+        return diagnose.recognises_oom(exc, message)
+
+    @classmethod
+    def requested_bytes(cls, message: str) -> tuple[int, str] | None:
+        return diagnose.requested_bytes(message)
+
+    def oom_place(self, exc: BaseException, device: int, message: str) -> str | None:
+        return diagnose.oom_place(device)
+
+    def place_spelling(self, place: str) -> str | None:
+        return diagnose.place_spelling(place)
+
+    def live_memory(self, objects: list[object], place: str | None, top: int) -> LiveMemory | None:
+        return diagnose.live_memory(place, top)
+
+    # --- batch-size search (search.py) -------------------------------------------------
+    failed_step_keeps_outputs: ClassVar[bool] = True  # XLA never frees a failed execution's outputs
+    kept_outputs_note: ClassVar[str] = (
+        "XLA does not free a failed execution's output buffers, which stay in use until the process ends; "
+        "this process now fits less than a fresh one"
+    )
+
+    @classmethod
+    def explain_step_error(cls, exc: BaseException, after_oom: bool) -> str | None:
+        from .search import explain_step_error
+
+        return explain_step_error(exc, after_oom)
+
+    # --- observation (observe.py) ----------------------------------------------------
+    def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
+        from .observe import counter_reader
+
+        return counter_reader(self, device)
+
+    def profiler(self) -> Profiler:
+        from .observe import JaxProfiler
+
+        return JaxProfiler(self)
+
+    # --- mixed precision and compare workloads (precision.py, workloads.py) ------------
+    runs_workloads: ClassVar[bool] = True
+
+    def precision(self) -> PrecisionHelpers:
+        from . import precision
+
+        return precision
+
+    def start_device(self) -> str:
+        from . import workloads
+
+        return workloads.start_device()
+
+    def workload_step(self, workload: str, shapes: Any, dtype: str) -> tuple[Callable[[], None], int]:
+        from . import workloads
+
+        return workloads.build(workload, shapes, dtype)

@@ -9,25 +9,33 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from unimem.config import Settings
-from unimem.errors import ConfigError, UnimemWarning
-from unimem.stats import MemoryStats
-from unimem.support import Level, Phase, Support, When
-
-from . import nvml_backend
-from .base import (
+from unimem.backends.base import (
     STATUS_PENDING,
     STATUS_SKIPPED,
     STATUS_UNCHANGED,
     Backend,
+    Counters,
+    PrecisionHelpers,
+    Profiler,
     Step,
     devices_step,
     env_step,
     no_such_device,
     when_imported,
 )
+from unimem.backends.nvml import gate as nvml_gate
+from unimem.backends.tensorflow import diagnose
+
+from unimem.config import Settings
+from unimem.errors import ConfigError, UnimemWarning
+from unimem.stats import MemoryStats
+from unimem.support import Level, Phase, Support, When
+
+if TYPE_CHECKING:
+    from unimem.live_objects import LiveMemory
 
 __all__ = ["TensorFlowBackend"]
 
@@ -41,6 +49,7 @@ _MIB = 1 << 20
 class TensorFlowBackend(Backend):
     name = "tensorflow"
     module = "tensorflow"
+    preallocation_var = "TF_FORCE_GPU_ALLOW_GROWTH"
     distributions = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
     CAPABILITIES: ClassVar[dict[str, Support]] = {
         "fraction": Support(
@@ -124,6 +133,11 @@ class TensorFlowBackend(Backend):
         if ctx is not None and getattr(ctx, "_context_handle", None) is not None:
             return Phase.INITIALIZED
         return Phase.IMPORTED
+
+    def takes_safe_growth(self, settings: Settings) -> bool:
+        # Capped, it takes only its share; growth would conflict with the memory_limit device.
+        capped = settings.fraction is not None or settings.limit is not None
+        return not capped and super().takes_safe_growth(settings)
 
     def _gpus(self) -> list[Any]:
         return list(sys.modules["tensorflow"].config.list_physical_devices("GPU"))
@@ -235,12 +249,12 @@ class TensorFlowBackend(Backend):
                 size = settings.limit
             else:
                 assert settings.fraction is not None
-                total = nvml_backend.device_figures(index)[0]
+                total = nvml_gate.device_figures(index)[0]
                 if total is None:
                     raise ConfigError(
                         "fraction",
                         "TensorFlow takes a cap only in bytes and the device total is unknown here "
-                        f"({nvml_backend.nvml_status()}); pass limit= instead, or install nvidia-ml-py",
+                        f"({nvml_gate.nvml_status()}); pass limit= instead, or install nvidia-ml-py",
                     )
                 size = int(settings.fraction * total)
             limits[index] = (size // _MIB) * _MIB
@@ -332,7 +346,7 @@ class TensorFlowBackend(Backend):
         return f"GPU:{device}"
 
     def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
-        total, free, used = nvml_backend.device_figures(device) if nvml else (None, None, None)
+        total, free, used = nvml_gate.device_figures(device) if nvml else (None, None, None)
         name = self._gpu_name(device)
         if name is None:
             # On the CPU, get_memory_info('CPU:0') answers zeros meaning "not tracked".
@@ -367,3 +381,60 @@ class TensorFlowBackend(Backend):
                 stacklevel=3,
             )
         return 0
+
+    # --- out-of-memory diagnosis (diagnose.py) -------------------------------------------
+    error_modules = diagnose.ERROR_MODULES
+    accumulation_code = diagnose.ACCUMULATION_CODE
+    checkpoint_code = diagnose.CHECKPOINT_CODE
+    scan_needs_gc = True
+
+    @classmethod
+    def recognises_oom(cls, exc: BaseException, message: str) -> bool:
+        return diagnose.recognises_oom(exc, message)
+
+    @classmethod
+    def requested_bytes(cls, message: str) -> tuple[int, str] | None:
+        return diagnose.requested_bytes(message)
+
+    def oom_place(self, exc: BaseException, device: int, message: str) -> str | None:
+        return diagnose.oom_place(message)
+
+    def place_spelling(self, place: str) -> str | None:
+        return diagnose.place_spelling(place)
+
+    def precision_in_force(self) -> tuple[bool, str] | None:
+        return diagnose.precision_in_force()
+
+    def live_memory(self, objects: list[object], place: str | None, top: int) -> LiveMemory | None:
+        return diagnose.live_memory(objects, place, top)
+
+    # --- observation (observe.py) ----------------------------------------------------
+    def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
+        from .observe import counter_reader
+
+        return counter_reader(self, device)
+
+    def profiler(self) -> Profiler:
+        from .observe import profiler
+
+        return profiler()
+
+    # --- mixed precision and compare workloads (precision.py, workloads.py) ------------
+    runs_workloads: ClassVar[bool] = True
+    # Start-up chatter off in compare's workers: C++ info logs, and the oneDNN notice on the CPU.
+    workload_env: ClassVar[dict[str, str]] = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
+
+    def precision(self) -> PrecisionHelpers:
+        from . import precision
+
+        return precision
+
+    def start_device(self) -> str:
+        from . import workloads
+
+        return workloads.start_device()
+
+    def workload_step(self, workload: str, shapes: Any, dtype: str) -> tuple[Callable[[], None], int]:
+        from . import workloads
+
+        return workloads.build(workload, shapes, dtype)

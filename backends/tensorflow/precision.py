@@ -1,8 +1,9 @@
 """Mixed precision for TensorFlow/Keras: the Keras global dtype policy and loss scaling.
 
-Imported by ``unimem.precision`` only once a policy is asked for TensorFlow. Same
-function names as ``precision_torch`` and ``precision_jax``, plus ``wrap_optimizer``
-(Keras' ``LossScaleOptimizer`` scales inside ``model.fit``).
+The TensorFlow adapter's ``precision()`` returns this module, imported only once a policy
+is asked for TensorFlow. The functions of the ``PrecisionHelpers`` protocol
+(``unimem.backends.base``), plus ``wrap_optimizer`` (Keras' ``LossScaleOptimizer`` scales
+inside ``model.fit``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from unimem.errors import ConfigError
 from unimem.loss_scaling import LossScaler, NoLossScaling, ScalerConfig
-from unimem.precision import map_leaves, tree_leaves
+from unimem.trees import map_leaves, tree_leaves
 
 __all__ = ["TensorFlowLossScaler", "cast", "check", "device", "dtype", "enable", "loss_scaler", "wrap_optimizer"]
 

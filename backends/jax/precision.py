@@ -5,8 +5,8 @@ step makes (parameters and inputs to the compute dtype, outputs back to float32)
 and the loss scaler. Implemented here with ``jax.tree_util`` and ``jax.numpy`` only
 (jmp, the library that used to do this, is unmaintained).
 
-Imported by ``unimem.precision`` only once a policy is asked for JAX. Same function
-names as ``precision_torch`` and ``precision_tensorflow``.
+The JAX adapter's ``precision()`` returns this module, imported only once a policy is
+asked for JAX. The functions of the ``PrecisionHelpers`` protocol (``unimem.backends.base``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from unimem.backends.jax import runtime
+
 from unimem.loss_scaling import LossScaler, NoLossScaling, ScalerConfig
-from unimem.support import Phase
 
 __all__ = ["JaxLossScaler", "cast", "check", "device", "dtype", "enable", "loss_scaler"]
 
@@ -35,9 +36,7 @@ def device() -> str:
     Asking earlier would start the backend, and with it preallocate 75% of the GPU
     before ``configure()`` had its say.
     """
-    from unimem.registry import get_backend
-
-    if get_backend("jax").phase() is not Phase.INITIALIZED:
+    if not runtime.started():
         return "auto"
     return str(_jax().default_backend())
 

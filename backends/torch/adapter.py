@@ -13,21 +13,18 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from unimem.config import Settings
-from unimem.errors import ConfigError
-from unimem.stats import MemoryStats
-from unimem.support import Level, Phase, Support, When
-
-from . import nvml_backend
-from .base import (
+from unimem.backends.base import (
     STATUS_APPLIED,
     STATUS_PENDING,
     STATUS_SKIPPED,
     STATUS_UNCHANGED,
     Backend,
+    Counters,
+    PrecisionHelpers,
+    Profiler,
     Step,
     devices_step,
     env_step,
@@ -35,8 +32,18 @@ from .base import (
     no_such_device,
     when_imported,
 )
+from unimem.backends.nvml import gate as nvml_gate
+from unimem.backends.torch import diagnose
 
-__all__ = ["TorchBackend", "at_first_forward"]
+from unimem.config import Settings
+from unimem.errors import ConfigError
+from unimem.stats import MemoryStats
+from unimem.support import Level, Phase, Support, When
+
+if TYPE_CHECKING:
+    from unimem.live_objects import LiveMemory
+
+__all__ = ["TorchBackend"]
 
 # Left free when preallocating without a cap: cuBLAS/cuDNN handles and kernels
 # loaded later take device memory outside the caching allocator.
@@ -211,73 +218,7 @@ class TorchBackend(Backend):
     def _plan_allocator(self, allocator: str, phase: Phase) -> list[Step]:
         var = _conf_var(self.version())
         if phase is Phase.INITIALIZED:
-            torch = sys.modules["torch"]
-            backend = torch.cuda.get_allocator_backend()
-            uncached = os.environ.get(_UNCACHED_VAR) == "1"
-            if allocator == "async":
-                if backend == "cudaMallocAsync":
-                    return [
-                        Step(
-                            "torch",
-                            "allocator",
-                            allocator,
-                            "env",
-                            f"{var}=backend:cudaMallocAsync",
-                            status=STATUS_UNCHANGED,
-                        )
-                    ]
-            elif allocator == "uncached":
-                if uncached:
-                    return [
-                        Step(
-                            "torch",
-                            "allocator",
-                            allocator,
-                            "env",
-                            f"{_UNCACHED_VAR}=1",
-                            status=STATUS_UNCHANGED,
-                        )
-                    ]
-            elif backend == "native" and not uncached:
-                # expandable_segments can be switched for segments made from now on.
-                value = "True" if allocator == "expandable" else "False"
-                # torch 2.11 deprecates torch.cuda.memory._set_allocator_settings with a
-                # FutureWarning that names this call as its replacement.
-                setter = getattr(getattr(torch, "_C", None), "_accelerator_setAllocatorSettings", None)
-                name = "torch._C._accelerator_setAllocatorSettings"
-                if setter is None:
-                    setter = torch.cuda.memory._set_allocator_settings
-                    name = "torch.cuda.memory._set_allocator_settings"
-                call = f"{name}('expandable_segments:{value}')"
-
-                def run() -> None:
-                    setter(f"expandable_segments:{value}")
-
-                return [
-                    Step(
-                        "torch",
-                        "allocator",
-                        allocator,
-                        "api",
-                        call,
-                        run=run,
-                        note="applies to segments allocated from now on",
-                    )
-                ]
-            return [
-                Step(
-                    "torch",
-                    "allocator",
-                    allocator,
-                    "env",
-                    var,
-                    too_late=(
-                        f"CUDA is already initialised with the {'uncached' if uncached else backend} allocator, "
-                        "which cannot change in a running process; configure the allocator before the first "
-                        "CUDA call, or start the script with `unimem run --allocator ...`"
-                    ),
-                )
-            ]
+            return [self._allocator_after_init(allocator, var)]
         if phase is Phase.IMPORTED:
             fixed = self._backend_fixed_at_import(allocator, var)
             if fixed is not None:
@@ -316,11 +257,46 @@ class TorchBackend(Backend):
             )
         return steps
 
+    def _allocator_after_init(self, allocator: str, var: str) -> Step:
+        """The allocator once CUDA runs: unchanged, expandable segments switched for new
+        segments, or too late (the backend and the uncached switch are read at init)."""
+        torch = sys.modules["torch"]
+        backend = torch.cuda.get_allocator_backend()
+        uncached = os.environ.get(_UNCACHED_VAR) == "1"
+        if allocator == "async" and backend == "cudaMallocAsync":
+            target = f"{var}=backend:cudaMallocAsync"
+            return Step("torch", "allocator", allocator, "env", target, status=STATUS_UNCHANGED)
+        if allocator == "uncached" and uncached:
+            return Step("torch", "allocator", allocator, "env", f"{_UNCACHED_VAR}=1", status=STATUS_UNCHANGED)
+        if allocator not in ("async", "uncached") and backend == "native" and not uncached:
+            # expandable_segments can be switched for segments made from now on.
+            value = "True" if allocator == "expandable" else "False"
+            # torch 2.11 deprecates torch.cuda.memory._set_allocator_settings with a
+            # FutureWarning that names this call as its replacement.
+            setter = getattr(getattr(torch, "_C", None), "_accelerator_setAllocatorSettings", None)
+            name = "torch._C._accelerator_setAllocatorSettings"
+            if setter is None:
+                setter = torch.cuda.memory._set_allocator_settings
+                name = "torch.cuda.memory._set_allocator_settings"
+
+            def run() -> None:
+                setter(f"expandable_segments:{value}")
+
+            call = f"{name}('expandable_segments:{value}')"
+            note = "applies to segments allocated from now on"
+            return Step("torch", "allocator", allocator, "api", call, run=run, note=note)
+        too_late = (
+            f"CUDA is already initialised with the {'uncached' if uncached else backend} allocator, "
+            "which cannot change in a running process; configure the allocator before the first "
+            "CUDA call, or start the script with `unimem run --allocator ...`"
+        )
+        return Step("torch", "allocator", allocator, "env", var, too_late=too_late)
+
     def _backend_fixed_at_import(self, allocator: str, var: str) -> Step | None:
         """torch picks its allocator backend (native or cudaMallocAsync) when it is imported;
         the other allocator keys are read at CUDA init. A backend set after the import makes
         the first CUDA call fail ("Allocator backend parsed at runtime != allocator backend
-        parsed at load time", torch 2.11 on an H200: evidence/gpu.json)."""
+        parsed at load time"; the GPU suite's allocator test shows it)."""
         torch = sys.modules["torch"]
         try:
             loaded = torch.cuda.get_allocator_backend()  # names the import-time choice; starts no CUDA
@@ -390,7 +366,7 @@ class TorchBackend(Backend):
         if settings.limit is not None:
             # Check against the device now when NVML can tell, so a bad limit fails
             # at configure time rather than at the first CUDA call.
-            total = nvml_backend.device_figures(0)[0]
+            total = nvml_gate.device_figures(0)[0]
             if total is not None:
                 self._allowance_fraction(settings, total)
 
@@ -506,7 +482,7 @@ class TorchBackend(Backend):
                 raise no_such_device("torch", device, count)
         total = free = used = None
         if nvml:
-            total, free, used = nvml_backend.device_figures(device, self._uuid(device) if initialized else None)
+            total, free, used = nvml_gate.device_figures(device, self._uuid(device) if initialized else None)
         if not initialized:
             return MemoryStats("torch", device, device_total=total, device_free=free, process_used=used)
         assert torch is not None
@@ -566,6 +542,23 @@ class TorchBackend(Backend):
         self._uuids[device] = text
         return text
 
+    def device_uuid(self, device: int) -> str | None:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return None  # reading device properties would start CUDA
+        return self._uuid(device)
+
+    # --- observation ----------------------------------------------------------------
+    def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
+        from .observe import counter_reader
+
+        return counter_reader(self, device)
+
+    def profiler(self) -> Profiler:
+        from .observe import profiler
+
+        return profiler()
+
     def reset_peak(self, device: int = 0) -> None:
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
@@ -581,25 +574,65 @@ class TorchBackend(Backend):
             torch.cuda.empty_cache()
         return max(0, before - torch.cuda.memory_reserved(device))
 
+    # --- out-of-memory diagnosis (diagnose.py) -------------------------------------------
+    error_modules = diagnose.ERROR_MODULES
+    accumulation_code = diagnose.ACCUMULATION_CODE
+    checkpoint_code = diagnose.CHECKPOINT_CODE
+    scan_needs_gc = True
 
-@contextlib.contextmanager
-def at_first_forward(action: Callable[[], object]) -> Iterator[None]:
-    """Within: ``action()`` runs once, when the first ``nn.Module`` forward starts (a global
-    forward pre-hook, removed on exit). Nothing runs if torch is not imported or no module runs."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        yield
-        return
-    fired = False
+    @classmethod
+    def recognises_oom(cls, exc: BaseException, message: str) -> bool:
+        return diagnose.recognises_oom(exc, message)
 
-    def hook(module: Any, args: Any) -> None:
-        nonlocal fired
-        if not fired:
-            fired = True
-            action()
+    @classmethod
+    def requested_bytes(cls, message: str) -> tuple[int, str] | None:
+        return diagnose.requested_bytes(message)
 
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
+    def oom_place(self, exc: BaseException, device: int, message: str) -> str | None:
+        return diagnose.oom_place(device, message)
+
+    def place_spelling(self, place: str) -> str | None:
+        return diagnose.place_spelling(place)
+
+    def precision_in_force(self) -> tuple[bool, str] | None:
+        return diagnose.precision_in_force()
+
+    def live_memory(self, objects: list[object], place: str | None, top: int) -> LiveMemory | None:
+        return diagnose.live_memory(objects, place, top)
+
+    # --- batch-size search (search.py) -------------------------------------------------
+    release_every_trial: ClassVar[bool] = True  # empty the cache every trial: each peak starts from a clean pool
+
+    def search_capacity(self, snapshot: MemoryStats) -> int | None:
+        from .search import capacity
+
+        return capacity(snapshot)
+
+    def pool_overhead(self, peak: int | None, peak_reserved: int | None) -> int:
+        from .search import pool_overhead
+
+        return pool_overhead(peak, peak_reserved)
+
+    def settle(self, release: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
+        from .search import at_first_forward
+
+        return at_first_forward(release)
+
+    # --- mixed precision and compare workloads (precision.py, workloads.py) ------------
+    runs_workloads: ClassVar[bool] = True
+    precision_state_per_thread: ClassVar[bool] = True  # autocast state belongs to the thread that entered it
+
+    def precision(self) -> PrecisionHelpers:
+        from . import precision
+
+        return precision
+
+    def start_device(self) -> str:
+        from . import workloads
+
+        return workloads.start_device()
+
+    def workload_step(self, workload: str, shapes: Any, dtype: str) -> tuple[Callable[[], None], int]:
+        from . import workloads
+
+        return workloads.build(workload, shapes, dtype)

@@ -1,0 +1,1 @@
+"""The jax backend: its adapter and the helpers only it needs."""

@@ -1,0 +1,1 @@
+"""The nvml backend: its adapter and the helpers only it needs."""

@@ -1,0 +1,1 @@
+"""The tensorflow backend: its adapter and the helpers only it needs."""

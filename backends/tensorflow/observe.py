@@ -1,0 +1,66 @@
+"""TensorFlow under observation: the monitor's counter reader and the profiler trace.
+
+Imports tensorflow only inside functions, and never starts its runtime: listing its
+devices before it has run anything would start it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from unimem.errors import UnsupportedFeature
+from unimem.recording import NoFigures
+from unimem.support import Phase
+
+if TYPE_CHECKING:
+    from unimem.backends.base import Backend, Counters
+
+__all__ = ["TensorFlowProfiler", "counter_reader"]
+
+
+def counter_reader(backend: Backend, device: int) -> tuple[Callable[[], Counters] | None, str]:
+    """``(allocated, None)`` of GPU ``device`` (TF counts no pool size); ``(None, None)`` until the
+    runtime has started, ``NoFigures`` once it is known to have no such GPU."""
+    checked: list[bool] = []
+
+    def read() -> Counters:
+        if not checked:
+            if backend.phase() is not Phase.INITIALIZED:
+                return None, None
+            import tensorflow as tf
+
+            if device >= len(tf.config.list_logical_devices("GPU")):
+                raise NoFigures("tensorflow sees no GPU here: allocator figures are None")
+            checked.append(True)
+        snapshot = backend.stats(device, nvml=False)
+        return snapshot.allocated, snapshot.reserved
+
+    return read, ""
+
+
+class TensorFlowProfiler:
+    """``tf.profiler.experimental.start/stop``: a TensorBoard trace with the memory profile tab
+    (``tensorboard --logdir PATH``). Works on the CPU; one trace per run, no snapshots."""
+
+    def __init__(self, tf: Any) -> None:
+        self._tf = tf
+
+    def start(self, path: Path, max_entries: int) -> None:
+        self._tf.profiler.experimental.start(str(path))
+
+    def stop(self, path: Path) -> None:
+        self._tf.profiler.experimental.stop()
+
+    def snapshot(self, path: Path, stem: str, running: bool) -> Path:
+        raise UnsupportedFeature(
+            "tensorflow", "profile.snapshot", "TensorFlow's profiler writes one trace per run; use start()/stop()"
+        )
+
+
+def profiler() -> TensorFlowProfiler:
+    """The profiler, importing tensorflow (an explicit request for it)."""
+    import tensorflow as tf
+
+    return TensorFlowProfiler(tf)

@@ -1,0 +1,1 @@
+"""The torch backend: its adapter and the helpers only it needs."""

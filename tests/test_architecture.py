@@ -1,0 +1,347 @@
+"""The house rules, read from the source with ``ast`` (nothing is imported or run):
+
+- the front (``unimem/`` less ``unimem/integrations/``) imports no framework, statically or
+  dynamically, reaches the adapters only through the registry (no static import of
+  ``unimem.backends``), and holds no framework's name as a string constant outside the
+  registry's table;
+- no ``_``-prefixed name is imported or reached across the boundary between ``unimem/``
+  and ``backends/``;
+- no import cycle among the modules of ``unimem`` and ``unimem.backends``, imports inside
+  functions included (``if TYPE_CHECKING:`` blocks excepted);
+- no function is much over 80 lines.
+
+Framework names come from the registry's table and the adapters' ``error_modules``, so a
+new backend is covered the day it is registered.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from unimem import registry
+
+REPO = Path(__file__).resolve().parent.parent
+FRONT = REPO / "unimem"
+BACKENDS = REPO / "backends"
+INTEGRATIONS = FRONT / "integrations"
+
+# Front modules allowed a dynamic import, and why.
+DYNAMIC_IMPORTS = {
+    "unimem/registry.py": "imports the adapter its table names, on first use",
+    "unimem/__init__.py": "imports its own submodules on first use (PEP 562)",
+    "unimem/monitor_sampler.py": "imports the probe its caller names (a plug-in point tests use)",
+    "unimem/_bootstrap/sitecustomize.py": "imports the sitecustomize it shadows, so both run",
+}
+# Modules a framework brings that are names of it too, beside those the registry knows.
+KNOWN_COMPANIONS = ("keras", "jaxlib", "cupyx", "cupy_backends", "flax", "optax", "transformers")
+FUNCTION_LINES = 90  # "much over 80": a little room for a docstring
+MAX_LINES_EXEMPT: dict[str, str] = {}
+
+
+def framework_names() -> set[str]:
+    names = set(KNOWN_COMPANIONS) | set(registry.ALIASES)
+    for name, entry in registry.BACKENDS.items():
+        names |= {name, entry.module, *entry.imported_by}
+        names |= set(registry.adapter_class(name).error_modules)
+    return names
+
+
+NAMES = framework_names()
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path
+    module: str  # dotted name as installed
+    tree: ast.Module
+
+    @property
+    def rel(self) -> str:
+        return self.path.relative_to(REPO).as_posix()
+
+    @property
+    def is_package(self) -> bool:
+        return self.path.name == "__init__.py"
+
+
+def _module_name(path: Path) -> str:
+    if path.is_relative_to(BACKENDS):
+        parts = ["unimem", "backends", *path.relative_to(BACKENDS).with_suffix("").parts]
+    else:
+        parts = ["unimem", *path.relative_to(FRONT).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _sources(root: Path) -> list[Source]:
+    return [
+        Source(p, _module_name(p), ast.parse(p.read_text(encoding="utf-8"), filename=str(p)))
+        for p in sorted(root.rglob("*.py"))
+        if "__pycache__" not in p.parts
+    ]
+
+
+ALL = _sources(FRONT) + _sources(BACKENDS)
+FRONT_SOURCES = [s for s in ALL if s.path.is_relative_to(FRONT) and not s.path.is_relative_to(INTEGRATIONS)]
+BACKEND_SOURCES = [s for s in ALL if s.path.is_relative_to(BACKENDS)]
+MODULES = {s.module for s in ALL}
+
+
+def _type_checking_blocks(tree: ast.AST) -> set[int]:
+    """ids of nodes inside ``if TYPE_CHECKING:`` bodies."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
+            if name == "TYPE_CHECKING":
+                for child in node.body:
+                    inside |= {id(n) for n in ast.walk(child)}
+    return inside
+
+
+def _imports(source: Source) -> Iterator[tuple[ast.AST, str, list[str]]]:
+    """``(node, absolute module, imported names)`` of every import outside TYPE_CHECKING blocks."""
+    skip = _type_checking_blocks(source.tree)
+    package = source.module if source.is_package else source.module.rpartition(".")[0]
+    for node in ast.walk(source.tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node, alias.name, []
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield node, base, [alias.name for alias in node.names]
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def _parameter_names(tree: ast.AST) -> set[int]:
+    """String constants naming a parameter in an error (``ConfigError("nvml", ...)``)."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name == "ConfigError":
+                found.add(id(node.args[0]))
+    return found
+
+
+def _names_a_framework(text: str) -> bool:
+    return text in NAMES or text.split(".")[0] in NAMES and "." in text and " " not in text
+
+
+def test_framework_names_come_from_the_registry():
+    assert {"torch", "tensorflow", "jax", "jaxlib", "keras", "pynvml"} <= NAMES
+    assert set(registry.BACKENDS) <= NAMES
+
+
+@pytest.mark.parametrize("source", FRONT_SOURCES, ids=lambda s: s.rel)
+def test_the_front_imports_no_framework_and_no_adapter(source):
+    bad = []
+    for node, module, _ in _imports(source):
+        top = module.split(".")[0]
+        if top in NAMES:
+            bad.append(f"line {node.lineno}: imports {module}")
+        if module == "unimem.backends" or module.startswith("unimem.backends."):
+            bad.append(f"line {node.lineno}: imports {module} (the front reaches adapters through the registry)")
+    assert not bad, f"{source.rel}: " + "; ".join(bad)
+
+
+def _dynamic_imports(source: Source) -> list[int]:
+    return [
+        node.lineno
+        for node in ast.walk(source.tree)
+        if isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Attribute) and node.func.attr in ("import_module", "__import__"))
+            or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__"))
+        )
+    ]
+
+
+@pytest.mark.parametrize("source", [s for s in FRONT_SOURCES if s.rel not in DYNAMIC_IMPORTS], ids=lambda s: s.rel)
+def test_the_front_makes_no_dynamic_import(source):
+    calls = _dynamic_imports(source)
+    assert not calls, f"{source.rel}: dynamic import at line(s) {calls}"
+
+
+def test_every_allowed_dynamic_import_is_still_there():
+    """An exemption whose module no longer needs it is removed, so it cannot hide a new one."""
+    by_path = {s.rel: s for s in FRONT_SOURCES}
+    for rel in DYNAMIC_IMPORTS:
+        assert rel in by_path and _dynamic_imports(by_path[rel]), f"{rel} no longer imports dynamically"
+
+
+# The registry's table is where the names live.
+@pytest.mark.parametrize("source", [s for s in FRONT_SOURCES if s.rel != "unimem/registry.py"], ids=lambda s: s.rel)
+def test_the_front_names_no_framework(source):
+    skip = _docstrings(source.tree) | _parameter_names(source.tree)
+    bad = [
+        f"line {node.lineno}: {node.value!r}"
+        for node in ast.walk(source.tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in skip
+        and _names_a_framework(node.value)
+    ]
+    assert not bad, f"{source.rel} names a framework: " + "; ".join(bad)
+
+
+def _bound_modules(source: Source, other_side: str) -> set[str]:
+    """Local names bound to modules of ``other_side`` (a dotted prefix) by imports."""
+    names: set[str] = set()
+    for _, module, imported in _imports(source):
+        for name in imported:
+            if f"{module}.{name}" in MODULES and f"{module}.{name}".startswith(other_side):
+                names.add(name)
+    for node in ast.walk(source.tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name.startswith(other_side):
+                    names.add(alias.asname)
+    return names
+
+
+def _crossing(source: Source, other_side: str, exclude: str | None = None) -> list[str]:
+    def other(module: str) -> bool:
+        return module.startswith(other_side) and not (exclude and module.startswith(exclude))
+
+    bad = []
+    for node, module, imported in _imports(source):
+        if other(module) or module == "unimem" and other_side == "unimem.":
+            bad += [f"line {node.lineno}: {module}.{n}" for n in imported if n.startswith("_") and n != "__version__"]
+    bound = _bound_modules(source, other_side)
+    for node in ast.walk(source.tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+            continue
+        value = node.value
+        if isinstance(value, ast.Name) and value.id in bound:
+            bad.append(f"line {node.lineno}: {value.id}.{node.attr}")
+        if isinstance(value, ast.Call):
+            func = value.func
+            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if called in ("get_backend", "adapter_class"):
+                bad.append(f"line {node.lineno}: {called}(...).{node.attr}")
+    return bad
+
+
+@pytest.mark.parametrize("source", ALL, ids=lambda s: s.rel)
+def test_no_private_name_crosses_the_boundary(source):
+    if source in BACKEND_SOURCES:
+        bad = _crossing(source, "unimem.", exclude="unimem.backends")
+    else:
+        bad = _crossing(source, "unimem.backends")
+    assert not bad, f"{source.rel} reaches private names across the boundary: " + "; ".join(bad)
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {s.module: set() for s in ALL}
+    for source in ALL:
+        for _, module, imported in _imports(source):
+            targets = [f"{module}.{n}" for n in imported if f"{module}.{n}" in MODULES] or [module]
+            for target in targets:
+                if target in MODULES and target != source.module:
+                    graph[source.module].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle():
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles: " + " | ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_checks_catch_what_they_forbid():
+    """Each check fails on a small module that breaks its rule."""
+    code = (
+        "import sys\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
+        "def f():\n    import jax\n    return sys.modules.get('tensorflow')\n"
+    )
+    source = Source(FRONT / "made_up.py", "unimem.made_up", ast.parse(code))
+    assert [m for _, m, _ in _imports(source)] == ["sys", "typing", "jax"], "TYPE_CHECKING imports are excepted"
+    constants = [n.value for n in ast.walk(source.tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    assert [c for c in constants if _names_a_framework(c)] == ["tensorflow"]
+    assert _names_a_framework("jax.numpy") and not _names_a_framework("the jax backend")
+    crossing = Source(
+        BACKENDS / "made_up.py",
+        "unimem.backends.made_up",
+        ast.parse("from unimem import api\nfrom unimem.api import _lock\napi._configured.append(1)\n"),
+    )
+    assert len(_crossing(crossing, "unimem.", exclude="unimem.backends")) == 2
+
+
+def _functions(source: Source) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    for node in ast.walk(source.tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+@pytest.mark.parametrize("source", ALL, ids=lambda s: s.rel)
+def test_no_function_is_much_over_80_lines(source):
+    long = [
+        f"{node.name} ({(node.end_lineno or node.lineno) - node.lineno + 1} lines)"
+        for node in _functions(source)
+        if (node.end_lineno or node.lineno) - node.lineno + 1 > FUNCTION_LINES
+        and f"{source.rel}:{node.name}" not in MAX_LINES_EXEMPT
+    ]
+    assert not long, f"{source.rel}: " + ", ".join(long)

@@ -1,0 +1,129 @@
+"""A Keras 3 callback that records memory per batch and per epoch, whatever Keras runs on.
+
+Import it yourself (``import unimem`` never imports Keras)::
+
+    from unimem.integrations.keras import MemoryCallback  # or unimem.keras_callback
+
+    cb = MemoryCallback()
+    history = model.fit(x, y, epochs=3, callbacks=[cb])
+    history.history["mem_peak"]      # per epoch, on a GPU
+    cb.plot("memory.png")
+
+The unimem backend follows ``keras.backend.backend()``: TensorFlow, JAX or torch.
+Keys added to the logs (only those known here: Keras logs must be numbers, and an
+unknown figure is left out rather than sent as 0):
+
+- per batch (``per_batch=True``): ``mem_allocated``, ``mem_reserved``, ``mem_peak``
+  (the peak during the batch), ``mem_process`` (NVML), ``mem_host_rss``;
+- per epoch: the same, with ``mem_peak`` the peak over the epoch.
+
+On the CPU only ``mem_host_rss`` is known. A per-batch callback makes Keras run
+callbacks synchronously (it must read memory at the batch's end); ``per_batch=False``
+keeps Keras's asynchronous dispatch and records per epoch only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from ..errors import ConfigError
+from ..hook import MemoryHook
+from ..tracking import Tracked
+
+__all__ = ["MemoryCallback", "keras_backend"]
+
+# Keras backend name -> unimem backend name (the frameworks Keras 3 runs on whose allocator unimem knows).
+_KERAS_TO_UNIMEM = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
+
+
+def keras_backend() -> str:
+    """The unimem backend for the framework Keras runs on."""
+    name = str(keras.backend.backend())
+    if name not in _KERAS_TO_UNIMEM:
+        raise ConfigError(
+            "backend", f"Keras runs on {name!r}, which has no GPU allocator unimem knows; use tensorflow, jax or torch"
+        )
+    return _KERAS_TO_UNIMEM[name]
+
+
+def _figures(tracked: Tracked, host_rss: int | None) -> dict[str, int]:
+    end = tracked.end
+    known = {
+        "mem_allocated": end.allocated if end else None,
+        "mem_reserved": end.reserved if end else None,
+        "mem_peak": tracked.peak,
+        "mem_process": end.process_used if end else None,
+        "mem_host_rss": host_rss,
+    }
+    return {key: int(value) for key, value in known.items() if value is not None}
+
+
+class MemoryCallback(keras.callbacks.Callback):
+    """Memory per batch and per epoch into the logs (see the module doc for the keys)."""
+
+    def __init__(self, device: int = 0, *, per_batch: bool = True, every: int = 1, max_samples: int = 20_000) -> None:
+        super().__init__()
+        if not isinstance(per_batch, bool):
+            raise ConfigError("per_batch", f"expected True or False, got {per_batch!r}")
+        self.backend = keras_backend()
+        self.device = device
+        self.per_batch = per_batch
+        # Keras dispatches batch callbacks from a thread pool unless one needs the batch's
+        # end; reading memory "at the end of the batch" does, so say which we are.
+        self.async_safe = not per_batch
+        self.hook = MemoryHook(self.backend, device, every=every, max_samples=max_samples)
+        self.epochs: list[dict[str, Any]] = []
+        self._epoch: Tracked | None = None
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self.hook.step()  # opens the first interval (a batch, or an epoch with per_batch=False)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if not self.per_batch:
+            return
+        tracked = self.hook.step()
+        if tracked is not None and logs is not None:
+            logs.update(_figures(tracked, self.hook.host_rss()))
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch = Tracked(self.backend, self.device).__enter__()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        tracked = self._epoch
+        if tracked is None:
+            return
+        tracked.close()
+        self._epoch = None
+        figures = _figures(tracked, self.hook.host_rss())
+        self.epochs.append(
+            {
+                "epoch": epoch,
+                "peak": tracked.peak,
+                "peak_exact": tracked.peak_exact,
+                "delta": tracked.delta,
+                "duration": tracked.duration,
+                "allocated": tracked.end.allocated if tracked.end else None,
+                "host_rss": figures.get("mem_host_rss"),
+                "note": tracked.note,
+            }
+        )
+        if not self.per_batch:
+            self.hook.step()
+        self.hook.mark(f"epoch {epoch + 1}")
+        if logs is not None:
+            logs.update(figures)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self.hook.close()
+
+    @property
+    def recording(self) -> Any:
+        return self.hook.recording
+
+    def plot(self, path: str | os.PathLike[str], **kwargs: Any) -> Path:
+        """A PNG of the per-batch timeline with a mark per epoch."""
+        return self.hook.plot(path, **kwargs)

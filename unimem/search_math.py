@@ -1,0 +1,280 @@
+"""The batch-size search's arithmetic: fitting peaks, predicting, and choosing the next size.
+
+Pure functions of the trials' ``(batch size, peak bytes)`` points and the limit: no I/O,
+no framework, no clock, so that the search's choices can be tested over many shapes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+__all__ = [
+    "MAX_EXTRAPOLATION",
+    "fit",
+    "fit_linear",
+    "knee",
+    "median",
+    "next_size",
+    "plateau_ratio",
+    "predict",
+    "ran_past_the_cap",
+    "safe_size",
+    "saturation_note",
+]
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def fit_linear(
+    points: list[tuple[int, int]], *, largest: int = 5, baseline: int | None = None
+) -> tuple[float, float] | None:
+    """``(a, b)`` of ``bytes = a + b × batch`` by Theil–Sen over the ``largest`` biggest
+    sizes (small batches are dominated by allocator granularity and by fixed costs, and
+    the fit is used to extrapolate upwards), or None when memory does not grow with the
+    batch there or fewer than two sizes are known. Among five sizes, one wild reading
+    moves it little. A run of equal peaks at the small end (a plateau) is left out.
+
+    With ``baseline`` (bytes in use before the search), sizes whose use above it is under
+    a quarter of the largest's are left out: their peak is set by something that does
+    not grow with the batch (an optimizer step's temporaries can top a small batch's
+    activations), and a slope through such a plateau would predict far too much."""
+    return fit(points, largest=largest, baseline=baseline)[0]
+
+
+def fit(
+    points: list[tuple[int, int]], *, largest: int = 5, baseline: int | None = None
+) -> tuple[tuple[float, float] | None, bool]:
+    """``fit_linear``'s model, and whether the peaks grew convexly (sizes under the
+    plateau filter were left out, or the largest lies well above the line): then the
+    model's slope is a lower bound and its prediction an upper estimate, not a point one."""
+    chosen = sorted(points)[-largest:]
+    # A run of equal peaks at the small end is a plateau of fixed costs: none of its
+    # sizes lies on the line (a slope from its last one to the next would be too flat).
+    plateau = False
+    while len(chosen) >= 2 and chosen[1][1] <= chosen[0][1]:
+        chosen.pop(0)
+        plateau = True
+    if plateau:
+        chosen.pop(0)
+    convex = False
+    if baseline is not None and chosen:
+        top = max(m for _, m in chosen) - baseline
+        kept = [(n, m) for n, m in chosen if m - baseline >= top / 4]
+        convex = len(kept) < len(chosen)
+        chosen = kept
+    slopes = [(m2 - m1) / (n2 - n1) for (n1, m1), (n2, m2) in itertools.combinations(chosen, 2) if n2 != n1]
+    if not slopes:
+        return None, convex
+    b = median(slopes)
+    if b <= 0:
+        return None, convex
+    a = median([m - b * n for n, m in chosen])
+    # The largest size well above the line: the peaks steepen (the peak moved from a fixed
+    # part to the activations), or one reading is wild. Either way the line is no point
+    # estimate of what lies beyond.
+    n, m = chosen[-1]
+    convex = convex or m - (a + b * n) > 0.05 * b * n
+    return (a, b), convex
+
+
+def predict(model: tuple[float, float] | None, limit: int | None) -> int | None:
+    if model is None or limit is None:
+        return None
+    a, b = model
+    return max(0, math.floor((limit - a) / b))
+
+
+def safe_size(points: list[tuple[int, int]], baseline: int | None, limit: int | None) -> int | None:
+    """The largest size that surely fits if the use above ``baseline`` grows at most in
+    proportion to the batch (true when it is fixed costs plus a per-sample part): from the
+    largest measured size n with peak p, ``n × (limit - baseline) / (p - baseline)``."""
+    if baseline is None or limit is None or not points:
+        return None
+    n, peak = max(points)
+    if peak <= baseline or limit <= baseline:
+        return None
+    return math.floor(n * (limit - baseline) / (peak - baseline))
+
+
+def plateau_ratio(points: list[tuple[int, int]]) -> float:
+    """When the two largest sizes measured peaked the same, the ratio of those sizes; else 0."""
+    if len(points) < 2:
+        return 0.0
+    (n1, m1), (n2, m2) = sorted(points)[-2:]
+    return n2 / n1 if m2 <= m1 else 0.0
+
+
+# A line through sizes this many times smaller than its prediction is no point estimate
+# while a sure step exists: a step's peaks steepen past small sizes, so such a line
+# overshoots, and a failed trial costs seconds (README, "Measured on an NVIDIA H200").
+MAX_EXTRAPOLATION = 4.0
+
+
+def _sure_low(good: int, high: int | None, safe: int | None, margin: float) -> tuple[int, int | None]:
+    """The lower estimate (``good``, raised to the sure bound less half the margin), and the
+    sure bound if it still stands: a failure at or below it refutes it (the limit was optimistic)."""
+    if safe is not None and (high is None or safe * (1 - margin / 2) < high):
+        return max(good, math.floor(safe * (1 - margin / 2))), safe
+    return good, None
+
+
+def _grow(good: int, low: int, safe: int | None, flat: float) -> tuple[int, str]:
+    """Nothing above is known: the sure step (it grows by the headroom's ratio), or grow while
+    a plateau of fixed costs keeps the sure step small, squaring the plateau's ratio at each
+    step on it (a long plateau costs few trials)."""
+    size, reason = (low, "safe-jump") if safe is not None else (2 * good, "grow")
+    stride = min(16.0, max(2.0, flat**2))
+    if flat and size < stride * good:
+        size, reason = math.floor(stride * good), "grow"
+    return size, reason
+
+
+def next_size(
+    good: int,
+    bad: int | None,
+    upper: int | None,
+    predicted: int | None,
+    margin: float,
+    safe: int | None = None,
+    flat: float = 0.0,
+    convex: bool = False,
+    jumped: bool = False,
+    saturated: bool = False,
+    refit: bool = False,
+) -> tuple[int, str]:
+    """The next size to try, and why. ``good`` >= 1 is the largest that fit, ``bad`` the
+    smallest that did not; ``predicted`` is the linear fit's answer and ``safe`` the
+    proportional lower bound (both may be None); ``flat``: when the two largest sizes
+    measured peaked the same (a plateau of fixed costs), the ratio of those sizes, else 0;
+    ``convex``: the fit saw the peaks grow faster at larger sizes, so ``predicted`` is only
+    an upper estimate; ``jumped``: the last trial was a sure step, and it fit;
+    ``saturated``: the peaks stopped growing near the limit (see ``knee``) and nothing
+    failed yet: only a step by the margin is safe (a failed trial can cost seconds and
+    leave the step's outputs in use); ``refit``: a size fit after the smallest failure, so ``predicted``
+    comes from a point the failure did not.
+
+    The answer lies between a lower estimate (``good``, raised to ``safe``) and an upper
+    one (the prediction, else one below the smallest failure). A step's peak is often
+    convex in the batch: at small sizes a fixed part (gradients, an optimizer step's
+    temporaries) tops the activations, so a line through small sizes predicts too much.
+    Hence: when the two estimates are within a factor of two, aim just under the upper
+    one; when they are further apart, aim at their geometric mean (a bisection in
+    log-size, which halves the uncertainty whichever way the trial goes)."""
+    bounds = [x for x in (None if bad is None else bad - 1, upper) if x is not None]
+    high = min(bounds) if bounds else None
+    low, safe = _sure_low(good, high, safe, margin)
+    # A prediction is a point estimate unless the peaks grew convexly, or (with a sure
+    # bound) it lies more than twice above that bound, or, when that bound is a step up,
+    # more than MAX_EXTRAPOLATION times the largest size that ran: a line through small
+    # sizes, whose peak a fixed part sets, predicts far too much.
+    trusted = (
+        predicted is not None
+        and not convex
+        and (safe is None or predicted <= 2 * max(low, 1))
+        and (safe is None or low <= good or predicted <= MAX_EXTRAPOLATION * good)
+    )
+    top = predicted if predicted is not None and (high is None or predicted <= high) else high
+    # A prediction at most a margin above the smallest failure, still made after a size that
+    # fit since that failure (a new point, and the line holds), is right but for noise: the
+    # limit lies just under the failure, so aim there rather than bisect from ``good``.
+    near_miss = refit and predicted is not None and bad is not None and bad <= predicted <= bad / (1 - margin)
+    aimed = top is not None and (top == predicted or near_miss)
+    if top is None:
+        size, reason = _grow(good, low, safe, flat)
+    elif bad is None and top == upper and (trusted or 2 * low >= top):
+        size, reason = top, "upper-bound"
+    elif aimed and trusted:
+        size, reason = max(low, math.floor(top * (1 - margin / 2))), "predict"
+    elif low > good and top <= 4 * low and (low >= 1.15 * good or top <= 1.5 * low or not jumped):
+        # The sure bound is a step up and the answer is not far above it: take it (it
+        # fits, and the next step starts from there). Not for a second small step in a
+        # row: a sure bound that a fixed part keeps loose creeps up a few percent a trial.
+        size, reason = low, "safe-jump"
+    else:
+        # Far apart, or the prediction was refuted by a failure below it: log-bisect.
+        base = max(low, 1)
+        size = max(low, math.floor(math.sqrt(base * top)) if top > base else top)
+        reason = "predict-far" if top == predicted else "bisect"
+    close = math.floor(good / (1 - margin)) + 1
+    if saturated:
+        size, reason = close, "saturated"
+    if size < close:
+        # Near the edge: the smallest size whose failure ends the search beats a small
+        # step up (it fails and ends it, or fits and gains more).
+        size, reason = close, "close"
+    size = max(good + 1, size)
+    if high is not None:
+        size = min(size, high)
+    return size, reason
+
+
+def knee(points: list[tuple[int, int]], limit: int | None) -> int | None:
+    """Where the peaks stopped growing with the batch near the limit, or None.
+
+    XLA rematerializes a step whose peak would pass its limit (it recomputes activations),
+    so near the limit the peak grows a small fraction as fast per sample as below it
+    (README, "Measured on an NVIDIA H200"). Then the peaks say nothing about how much more
+    fits, and a line through them predicts far too much. The knee is where the steep line
+    below meets the flat one at the top. Only over a step of 5% or more, and 10x flatter:
+    noise in the peaks (allocator rounding) makes a shorter step of a straight need look
+    flat."""
+    if limit is None or len(points) < 3:
+        return None
+    ordered = sorted(points)
+    (m1, q1), (m2, q2) = ordered[-2:]
+    if q2 < 0.9 * limit or m2 < 1.05 * m1:
+        return None
+    flat = (q2 - q1) / (m2 - m1)
+    for (n0, p0), (n1, p1) in reversed(list(itertools.pairwise(ordered[:-1]))):
+        steep = (p1 - p0) / (n1 - n0)
+        if steep > 0 and flat < 0.1 * steep:
+            knee = (q2 - p1 + steep * n1 - flat * m2) / (steep - flat)
+            return int(min(max(knee, n0), m2))
+    return None
+
+
+def ran_past_the_cap(points: list[tuple[int, int]], limit: int, good: int) -> tuple[int, int] | None:
+    """The smallest size whose peak reached the limit while ``good``, larger, still ran
+    though the peaks' own slope just below that size says it needs 2% more than the limit.
+    A peak above the limit does not count: the limit did not bind it (a noisy reading, or a
+    limit under the real cap), so it shows no memory saved to fit."""
+    ordered = sorted(points)
+    for i, (n, peak) in enumerate(ordered):
+        below = [(m, q) for m, q in ordered[:i] if 1.05 * m <= n]
+        if n >= good or not 0.99 * limit <= peak <= limit or not below:
+            continue
+        m, q = below[-1]
+        slope = (peak - q) / (n - m)
+        if slope > 0 and peak + slope * (good - n) > 1.02 * limit:
+            return n, peak
+    return None
+
+
+def saturation_note(points: list[tuple[int, int]], limit: int | None, good: int) -> str | None:
+    """Said when the peaks show the framework saving memory to fit: a knee near the limit
+    (see ``knee``), or a size whose peak reached the limit while a larger one, which the
+    peaks' slope says cannot fit, still ran (XLA's, clamped at the cap while rematerializing)."""
+    if limit is None:
+        return None
+    why = "the framework saves memory to fit (XLA rematerializes: it recomputes activations)"
+    bend = knee(points, limit)
+    if bend is not None:
+        top = max(points)
+        return (
+            f"above about {bend} the peak stopped growing with the batch ({top[1] / limit:.0%} of the limit at "
+            f"{top[0]}): {why}, so sizes above about {bend} may run slower per sample; time the step before "
+            "taking the largest"
+        )
+    at_cap = ran_past_the_cap(points, limit, good)
+    if at_cap is None:
+        return None
+    n, peak = at_cap
+    return (
+        f"at {n} the peak reached the limit ({peak / limit:.1%}), yet sizes up to {good} ran: {why}, so "
+        f"sizes above {n} may run slower per sample; time the step before taking the largest"
+    )
