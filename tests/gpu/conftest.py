@@ -28,11 +28,16 @@ import pytest
 HERE = Path(__file__).resolve().parent
 SCENARIOS = HERE / "gpu_scenarios.py"
 MARK = "UNIMEM_SCENARIO_RESULT "
-BACKEND_NAMES = ("torch", "tensorflow", "jax", "nvml")
+BACKEND_NAMES = ("torch", "tensorflow", "jax", "cupy", "nvml")
 # Variables that steer a framework's memory: a scenario starts without any of them
 # unless it sets them itself, so the shell that ran pytest cannot change the result.
 _STEERING_PREFIXES = ("UNIMEM_", "XLA_PYTHON_CLIENT_", "XLA_CLIENT_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-_STEERING_NAMES = ("PYTORCH_NO_CUDA_MEMORY_CACHING", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH")
+_STEERING_NAMES = (
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "CUDA_VISIBLE_DEVICES",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+    "CUPY_GPU_MEMORY_LIMIT",
+)
 
 
 def _find_gpu() -> tuple[bool, str]:
@@ -248,7 +253,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture(autouse=True)
 def _no_framework_here() -> Iterator[None]:
     """A GPU test never imports a framework into the pytest process: scenarios run in their own."""
-    frameworks = ("torch", "jax", "tensorflow")
+    frameworks = ("torch", "jax", "tensorflow", "cupy")
     before = {name for name in frameworks if name in sys.modules}
     yield
     leaked = [name for name in frameworks if name in sys.modules and name not in before]

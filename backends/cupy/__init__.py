@@ -1,0 +1,1 @@
+"""The cupy backend: its adapter and the helpers only it needs."""
