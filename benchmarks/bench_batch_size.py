@@ -1,4 +1,4 @@
-"""Issue 5 on a GPU: unimem.find_batch_size against the batch-size searches people use today.
+"""unimem.find_batch_size against the batch-size searches people use today, on a GPU.
 
 For torch and JAX, on the same real model (an MLP trained with Adam: its activations grow
 with the batch), under a cap set with ``unimem.configure(fraction=...)`` so that every
@@ -253,8 +253,8 @@ def run_reference(step: Callable[[int], None], spec: dict[str, Any], framework: 
             good *= 2
         else:
             bad = 2 * good
-    # --resolution: stop once the bracket is that share of the size (each JAX trial that
-    # fails costs ~14 s on the H200: XLA's allocator waits before it gives up).
+    # --resolution: stop once the bracket is that share of the size (a failing JAX trial is
+    # slow: XLA's allocator waits up to 10 s for memory before it gives up).
     while bad - good > max(1, math.floor(good * spec.get("resolution", 0.0))):
         mid = (good + bad) // 2
         if fits(mid):
@@ -523,8 +523,8 @@ def bench(
     if bracket:
         return bracket_reference(base)
     if known is not None:
-        # A bracket measured before in fresh processes (JAX: an exhaustive search costs
-        # ~10 s per failing trial). Shares are taken against its upper end: lower bounds.
+        # A bracket measured before in fresh processes (JAX: an exhaustive search pays XLA's
+        # wait of up to 10 s per failing trial). Shares are taken against its upper end: lower bounds.
         low, high = known
         reference = {"method": "given (--known-largest): measured before in fresh processes", "bracket": [low, high]}
         verify = False

@@ -8,7 +8,7 @@ so that drift hits both alike:
 - wall: ``python -c "import unimem"`` minus ``python -c "pass"``, start to exit;
 - importtime: the cumulative time Python's ``-X importtime`` gives ``unimem`` itself.
 
-It also checks, and fails on, DESIGN rule 1: ``import unimem`` (and asking which
+It also checks, and fails on, the rule that ``import unimem`` (and asking which
 backends are available and what they can do) imports no framework and no NVML.
 Target, reported not asserted: under 20 ms beyond a bare interpreter.
 

@@ -1,4 +1,4 @@
-"""Issue 6 on a GPU: what the memory monitor costs a training loop, and what it shows.
+"""What the memory monitor costs a training loop on a GPU, and what it shows.
 
     python benchmarks/bench_monitor.py --out benchmarks/results/monitor
 
@@ -15,7 +15,7 @@ Parts:
 
 1. ``readers``: µs per call of each way to read memory (torch's dicts, the raw C++ dict
    unimem uses, mem_get_info, NVML in-process).
-2. ``overhead``: the loop from the issue (24 × Linear(512), batch 256, SGD, fp32),
+2. ``overhead``: a small, fast training loop (24 × Linear(512), batch 256, SGD, fp32),
    same model, batch and step count for every configuration, all in this process,
    configurations interleaved run by run; median step time of ``--repeats`` runs each:
    no monitor; a naive thread polling ``torch.cuda.memory_stats()`` at 100 Hz and 1 kHz;
@@ -29,7 +29,7 @@ Parts:
    a monitor with JAX's counters, a device memory profile.
 
 On a machine without CUDA it runs what it can on the CPU (fewer steps), and says in
-the JSON what needed a GPU. Expected runtime on an H200: about 2.5 minutes.
+the JSON what needed a GPU. On a GPU it takes a few minutes.
 """
 
 from __future__ import annotations
@@ -54,11 +54,11 @@ HERE = Path(__file__).resolve().parent
 TARGETS = {"100hz": 1.0, "1khz": 3.0}  # percent
 
 
-# --- the loop from the issue -----------------------------------------------------------------
+# --- the timed loop --------------------------------------------------------------------------
 
 
 def make_loop(torch: Any, device: str, width: int = 512, depth: int = 24, batch: int = 256) -> Callable[[int], float]:
-    """``run(steps) -> seconds per step`` for the issue's model; synchronises around the run only."""
+    """``run(steps) -> seconds per step`` for the timed loop's model; synchronises around the run only."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)]).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -167,7 +167,7 @@ def part_overhead(
     import unimem
 
     cuda = device.startswith("cuda")
-    # The CPU stand-in is smaller: the issue's model takes seconds per step on a small CPU.
+    # The CPU stand-in is smaller: the GPU loop's model takes seconds per step on a small CPU.
     width, batch = (512, 256) if cuda else (64, 16)
     run = make_loop(torch, device, width=width, batch=batch)
     run(max(20, steps // 5))  # warm-up: kernels, allocator, clocks

@@ -1,12 +1,11 @@
 """How long one out-of-memory error takes to reach Python, per framework.
 
-Every failing trial of a batch-size search pays this. On the H200, a failing JAX trial took
-about 10 s longer than a passing one: XLA's BFC allocator, asked for memory it cannot give
-with ``retry_on_failure`` set (as XLA's GPU executables ask for their buffers), waits up to
-10 s for other work to free some before it gives up (``kMaxMillisToWait`` in
-tsl/framework/bfc_allocator.cc). This measures it directly: in a fresh process per
-framework, capped with ``unimem.configure(fraction=...)``, the time from the call to the
-exception for
+Every failing trial of a batch-size search pays this. In JAX it is long: XLA's BFC
+allocator, asked for memory it cannot give with ``retry_on_failure`` set (as XLA's GPU
+executables ask for their buffers), waits up to 10 s for other work to free some before it
+gives up (``kMaxMillisToWait`` in tsl/framework/bfc_allocator.cc). This measures it
+directly: in a fresh process per framework, capped with ``unimem.configure(fraction=...)``,
+the time from the call to the exception for
 
 - ``too_large``: one allocation of twice the cap (no wait can help);
 - ``over_free``: one allocation that fits the cap but not beside what is already held;

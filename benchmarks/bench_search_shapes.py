@@ -3,7 +3,7 @@
 Each case is a step whose peak above the bytes held before the search is the larger of two
 lines, ``floor + floor_per_sample × n`` (gradients and an optimizer step's temporaries, with
 the batch's inputs beside them) and ``fixed + per_sample × n`` (the activations): the convex
-shape the H200 showed for torch (DESIGN.md, README). It fails past a cap set so that a random
+shape torch's training steps show on a GPU (docs/measurements.md). It fails past a cap set so that a random
 ``true_max`` is the largest that fits; the search gets the peaks through ``measure=`` and the
 held bytes as ``baseline=``, as it gets them from ``stats()`` on a GPU. Recorded: the histogram
 of trial counts, the share of cases within 6 and 8 trials, and any case outside the margin.

@@ -1,4 +1,4 @@
-"""Issue 7 on a GPU: `unimem run` caps an unmodified torch script; torch and JAX share one
+"""On a GPU: `unimem run` caps an unmodified torch script; torch and JAX share one
 device in one process without either starving. Writes JSON to --out.
 
 Each part runs in a fresh process. Run on a GPU machine:

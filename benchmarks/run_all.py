@@ -1,6 +1,8 @@
-"""Run every benchmark here and write one JSON with all of them.
+"""Run the latency benchmarks (``import unimem`` cost, ``stats()`` latency) and write one JSON.
 
 python benchmarks/run_all.py --out benchmarks/results/gpu-h200.json --machine "nvidia-h200 (device tool)"
+
+Run it alone on the machine: other work in the same machine moves both figures.
 """
 
 from __future__ import annotations

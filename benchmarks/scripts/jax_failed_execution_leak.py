@@ -1,9 +1,9 @@
 """Does XLA keep a failed execution's output buffers in use? JAX on a GPU, under a 2% cap.
 
-On the H200 (JAX 0.11.2), after each failed trial of a batch-size search, XLA's bytes in
-use rose by the size of the step's outputs (new parameters and optimizer state), with no
-more live arrays: the outputs are allocated before the temporary buffer that fails, and
-the executable's buffer set-up returns the error without freeing them. This measures it
+A batch-size search in JAX can leave XLA's bytes in use higher after each failed trial,
+by the size of the step's outputs (new parameters and optimizer state), with no more live
+arrays: the outputs are allocated before the temporary buffer that fails, and the
+executable's buffer set-up returns the error without freeing them. This measures it
 in isolation: a jitted ``f(state, n)`` whose output is the size of ``state`` and whose
 temporaries (a sort of ``n`` floats) fail past the cap. For several output sizes, twice
 each: bytes in use before, after the failure, after ``gc.collect()`` + ``jax.clear_caches()``,

@@ -1,11 +1,12 @@
 """Where does a JAX process grow outside XLA's pool during find_batch_size? (GPU only)
 
-The GPU test's search (tests/gpu/test_diagnosis.py, JAX) left NVML's figure for the process
-71 MB (2%) above its figure before, after ``jax.clear_caches()`` too, while the pool is
-preallocated; the benchmark's search, whose step takes its random key as an argument, grew
-6 MB. This runs the test's model and search with NVML read after every trial, for the
-test's step (``--variant constant-key``: the batch drawn inside the jitted step from a
-constant key) or one taking the key as an argument (``--variant key-argument``).
+A JAX process can grow outside its preallocated pool during a search (NVML's figure for
+the process rises, and ``jax.clear_caches()`` does not bring it back), and by how much may
+depend on whether the step draws its batch from a constant key or takes the key as an
+argument. This runs the GPU test's model and search (tests/gpu/test_diagnosis.py, JAX) with
+NVML read after every trial, for the test's step (``--variant constant-key``: the batch
+drawn inside the jitted step from a constant key) or one taking the key as an argument
+(``--variant key-argument``).
 
     python benchmarks/scripts/jax_search_process_growth.py --variant constant-key > out.json
 """

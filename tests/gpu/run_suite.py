@@ -44,6 +44,14 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+def _versions() -> dict[str, str | None]:
+    """Every distribution a backend may come from (the matrix reads which were installed), and unimem's."""
+    from unimem import registry
+
+    names = [d for name in registry.BACKENDS for d in registry.adapter_class(name).distributions]
+    return {name: _version(name) for name in [*dict.fromkeys(names), "jaxlib", "unimem"]}
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -146,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "driver": driver or "none",
         "cuda": cuda_version() if gpu is not None else None,
         "python": platform.python_version(),
-        "versions": {name: _version(name) for name in ("torch", "jax", "jaxlib", "nvidia-ml-py", "unimem")},
+        "versions": _versions(),
         "date": datetime.date.today().isoformat(),
         "command": shlex.join(["python", *sys.argv]) if argv is None else shlex.join(["run_suite.py", *argv]),
         "tests": tests,

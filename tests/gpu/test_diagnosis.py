@@ -154,9 +154,9 @@ def step(n):
     new, loss = train(state["params"], n)
     loss.block_until_ready()
     state["params"] = new
-# Warm up at the search's start: the first step there loads what any first step of that
-# size loads (on the H200, NVML: +69 MB at 32 after a warm-up at 1, nothing at any later
-# size, jax.clear_caches() freeing none of it: libraries, not the search).
+# Warm up at the search's start: the first step of a new size loads libraries once (NVML
+# sees the process grow, and jax.clear_caches() frees none of it; docs/measurements.md),
+# which the search's "after / before" must not count as its own.
 step(32)
 in_use_before = unimem.stats("jax").allocated
 process_before = unimem.stats("jax").process_used
@@ -298,12 +298,11 @@ def test_torch_find_batch_size_under_a_cap(record: Any) -> None:
 @pytest.mark.covers("jax:batch_size")
 def test_jax_find_batch_size_under_a_cap(record: Any) -> None:
     r = _run(JAX_SEARCH)
-    # This step's peaks are not a line in the batch (on the H200, 30 kB/sample between 603
-    # and 9278, 41 up to 58613, 55 above), and near the cap XLA rematerializes, so sizes past
-    # the one whose peak reached the cap still fit and the last bracket is climbed by trials.
-    # Runs 11 and 12 took 10 and 9 trials, a prediction 10x past the largest size run having
-    # failed; since the sure step comes first there (runs 17 and 18): 7. A JAX failure costs
-    # 10 s and keeps the step's outputs, so the search climbs from below: at most two failures.
+    # This step's peaks are not a line in the batch (their slope grows with the batch), and
+    # near the cap XLA rematerializes, so sizes past the one whose peak reached the cap still
+    # fit and the last bracket is climbed by margin-sized trials: it is allowed 8. A JAX
+    # failure is slow and keeps the step's outputs, so the search climbs from below: at most
+    # two failures. The measured shape is in docs/measurements.md.
     _check_search(r["search"], record, max_trials=8)
     assert sum(1 for t in r["search"]["trials"] if not t["fits"]) <= 2
     record(
@@ -316,13 +315,12 @@ def test_jax_find_batch_size_under_a_cap(record: Any) -> None:
     )
     # The answer runs again in this process, or the search said it does not (JAX's pool
     # after an OOM) with what to do; either way the process holds no more than before
-    # (NVML: the pool, the measure; XLA's bytes in use are recorded above).
+    # (NVML: the pool and the process's context; XLA's bytes in use are recorded above).
     # What the failed trials left in use (XLA keeps a failed execution's outputs) is what
     # the search reports: the bytes in use after it, less those before.
-    # Read right after a step, XLA's bytes in use differ by one layer's parameters from step
-    # to step (67.15 and 75.54 MB in turn, 8,392,704 B apart, in
-    # benchmarks/results/jax_search_process_growth-gpu-constant-key.json; run 17 read the
-    # higher one after the search): that much either way is not the search's.
+    # Read right after a step, XLA's bytes in use alternate by one layer's parameters from
+    # step to step (benchmarks/results/jax_search_process_growth-gpu-constant-key.json), so
+    # the reading after the search may be either: that much either way is not the search's.
     kept = sum(t["kept"] or 0 for t in r["search"]["trials"] if not t["fits"])
     assert abs((r["in_use_after"] - r["in_use_before"]) - kept) <= r["largest_layer"] + (1 << 20)
     if r["search"]["confirmed"] is False:

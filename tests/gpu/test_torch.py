@@ -11,7 +11,7 @@ pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 GiB = 1 << 30
 SLACK = 64 * MiB  # see test_context.py
-# Left free by an uncapped preallocation, as backends/torch_backend.py does.
+# Left free by an uncapped preallocation, as the torch adapter (backends/torch/adapter.py) does.
 UNCAPPED_HEADROOM = GiB
 SMALL_POOL_HEADROOM = 64 * MiB
 
@@ -106,8 +106,8 @@ def test_torch_allocator_expandable(scenario: Any) -> None:
 def test_torch_allocator_async(scenario: Any, after_import: bool) -> None:
     """Before ``import torch`` the cudaMallocAsync backend takes effect. After it (CUDA not
     started yet) it is too late: torch reads the backend at import, and a backend set later
-    failed CUDA init with an INTERNAL ASSERT (seen here before backends/torch_backend.py
-    refused it); now configure raises TooLateError and CUDA starts on the import-time choice."""
+    fails CUDA init with an INTERNAL ASSERT, so configure raises TooLateError, sets nothing,
+    and CUDA starts on the import-time choice."""
     r = scenario("torch_allocator", allocator="async", after_import=after_import)
     if after_import:
         assert r["torch_initialized_at_configure"] is False
