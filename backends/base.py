@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from unimem.config import Settings
 from unimem.errors import ConfigError, UnsupportedFeature
-from unimem.stats import MemoryStats
+from unimem.memory_stats import MemoryStats
 from unimem.support import Phase, Support, When
 
 if TYPE_CHECKING:

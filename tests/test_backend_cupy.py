@@ -25,7 +25,7 @@ from unimem.backends.cupy import observe
 
 import unimem
 from unimem import registry
-from unimem.stats import MemoryStats
+from unimem.memory_stats import MemoryStats
 from unimem.support import Phase
 from unimem.testing import BackendContract
 

@@ -330,12 +330,11 @@ class ConvexNeed(FixedPlusPerSample):
 
 
 def test_the_h200_benchmark_shape_takes_six_trials_from_its_start() -> None:
-    # The peaks the H200 showed for benchmarks/bench_batch_size.py's torch MLP under a 2% cap
-    # (first session: benchmarks/results/batch_size-gpu.json at commit 3609f12; the same shape
-    # in this session's benchmarks/results/batch_size-gpu-torch.json): 1008 MB held, 235 MB of
-    # gradients + 12.3 kB per sample tops the activations (54.7 MB + 93.3 kB per sample) up
-    # to ~2200 samples; the largest size that fit was 17408. Searching from 32, the earlier
-    # search trusted the small sizes' line and took 11 trials.
+    # The peaks an H200 showed for benchmarks/bench_batch_size.py's torch MLP under a 2% cap
+    # (benchmarks/results/batch_size-gpu-torch.json): 1008 MB held, 235 MB of gradients +
+    # 12.3 kB per sample tops the activations (54.7 MB + 93.3 kB per sample) up to ~2200
+    # samples; the largest size that fit was 17408. A search that trusts the small sizes'
+    # line from 32 takes 11 trials.
     step = ConvexNeed(1_007_960_064, 54_700_000, 93_325, 234_950_000, 12_300, 2_687_300_000)
     true_max = max(n for n in range(17_000, 18_000) if step.need(n) <= step.cap)
     for start, most in ((32, 6), (1, 7), (8, 7), (64, 7), (256, 7)):
@@ -655,7 +654,7 @@ def test_a_peak_below_the_process_peak_still_bounds_the_next_step(monkeypatch: A
 
 
 class H200JaxTestShape(UnresettablePeak):
-    """The GPU JAX search test's step as the H200 showed it (runs 12-15): peaks through the
+    """The GPU JAX search test's step as an H200 showed it (docs/measurements.md): peaks through the
     measured points (30 kB/sample up to 9278, then 41, then 55), rematerialized at the cap up
     to a size between 73999 (ran) and 77894 (failed), each failure keeping 40 MB of outputs."""
 

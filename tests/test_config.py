@@ -1,5 +1,5 @@
 """Validation: every bad argument is a ConfigError naming the parameter, raised before
-anything changes (DESIGN rule 3); sizes parse exactly; UNIMEM_* variables; query arguments."""
+anything changes (a refused call changes nothing); sizes parse exactly; UNIMEM_* variables; query arguments."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``import unimem`` and everything that needs no framework imports none (DESIGN rule 1),
-and ``backend="auto"`` picks only frameworks already imported (rule 2). Fresh processes."""
+"""``import unimem`` and everything that needs no framework imports none, and
+``backend="auto"`` picks only frameworks already imported. Fresh processes."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from unimem.oom import find_oom, framework_of, requested_bytes
 from unimem.oom_report import OOMReport, PoolUse, _suggest
 from unimem.oom_rules import _accumulation
 from unimem.pool_fragmentation import Fragmentation
-from unimem.stats import MemoryStats
+from unimem.memory_stats import MemoryStats
 
 GiB = 1 << 30
 

@@ -39,7 +39,7 @@ from typing import ClassVar
 from unimem.backends.base import Backend, Step, env_step
 from unimem.config import Settings
 from unimem.errors import UnsupportedFeature
-from unimem.stats import MemoryStats
+from unimem.memory_stats import MemoryStats
 from unimem.support import FEATURES, Level, Phase, Support, When
 
 _FIX = "restart the process and call unimem.configure before toyfw.start()"

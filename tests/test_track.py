@@ -15,7 +15,7 @@ import pytest
 
 import unimem
 from unimem import registry
-from unimem.stats import MemoryStats
+from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Support
 
 

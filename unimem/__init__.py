@@ -7,34 +7,33 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-# The core is imported eagerly: it is small and every script uses it.
-from .api import (
-    capabilities,
-    clear_cache,
-    configure,
-    configure_from_env,
-    reset_peak,
-    stats,
-    summary,
-)
-from .applied import Action, Applied
-from .errors import (
-    BackendUnavailable,
-    ConfigError,
-    OutOfMemory,
-    TooLateError,
-    UnimemError,
-    UnimemWarning,
-    UnsupportedFeature,
-)
-from .registry import available_backends
-from .sizes import format_bytes, parse_size
-from .stats import MemoryStats
-from .support import Level, Phase, Support, When
-
-# Everything else loads on first use (PEP 562), so `import unimem` stays a few
-# milliseconds: the monitor alone pulls in subprocess, tempfile and json.
+# Every public name loads on first use (PEP 562): `import unimem` reads this file and
+# nothing else, so a training script pays for what it calls, when it calls it.
 _LAZY: dict[str, str] = {
+    "capabilities": "api",
+    "clear_cache": "api",
+    "configure": "api",
+    "configure_from_env": "api",
+    "reset_peak": "api",
+    "stats": "api",
+    "summary": "api",
+    "Action": "applied",
+    "Applied": "applied",
+    "BackendUnavailable": "errors",
+    "ConfigError": "errors",
+    "OutOfMemory": "errors",
+    "TooLateError": "errors",
+    "UnimemError": "errors",
+    "UnimemWarning": "errors",
+    "UnsupportedFeature": "errors",
+    "available_backends": "registry",
+    "format_bytes": "sizes",
+    "parse_size": "sizes",
+    "MemoryStats": "memory_stats",
+    "Level": "support",
+    "Phase": "support",
+    "Support": "support",
+    "When": "support",
     "BatchSizeSearch": "batch_size",
     "Trial": "batch_size",
     "find_batch_size": "batch_size",
@@ -61,9 +60,21 @@ _LAZY: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
+    from .api import capabilities, clear_cache, configure, configure_from_env, reset_peak, stats, summary
+    from .applied import Action, Applied
     from .batch_size import BatchSizeSearch, Trial, find_batch_size
+    from .errors import (
+        BackendUnavailable,
+        ConfigError,
+        OutOfMemory,
+        TooLateError,
+        UnimemError,
+        UnimemWarning,
+        UnsupportedFeature,
+    )
     from .hook import MemoryHook
     from .loss_scaling import LossScaler
+    from .memory_stats import MemoryStats
     from .monitoring import Monitor, monitor
     from .oom import is_oom, oom_guard
     from .oom_report import OOMReport, Suggestion
@@ -71,6 +82,9 @@ if TYPE_CHECKING:
     from .precision import Policy, mixed_precision
     from .profiling import Profile, profile
     from .recording import Mark, Recording, Sample, load_recording
+    from .registry import available_backends
+    from .sizes import format_bytes, parse_size
+    from .support import Level, Phase, Support, When
     from .tracking import Tracked, track
 
 

@@ -12,7 +12,7 @@ from . import registry
 from .applied import Action, Applied
 from .config import ENV_VARS, Request, Settings, check_device, parse_env
 from .errors import BackendUnavailable, ConfigError, TooLateError, UnimemWarning, UnsupportedFeature
-from .stats import MemoryStats
+from .memory_stats import MemoryStats
 from .support import Support
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ How the search goes (every size tried is a real call of ``step``):
    what fits depends on the pool's history.
 
 Memory: an out-of-memory error's traceback holds the failed step's frames, and their
-tensors (the leak other batch-size finders have, DESIGN.md). A failed trial keeps only
+tensors (the leak of batch-size finders that retry inside the ``except``). A failed trial keeps only
 a line of text: its frames are cleared inside the ``except``, and collection and
 ``clear_cache`` run after leaving it, once per trial and at the end.
 """
@@ -49,7 +49,7 @@ from .oom import _message, clear_frames, find_oom
 from .search_math import fit, knee, next_size, plateau_ratio, predict, safe_size, saturation_note
 from .search_math import fit_linear as fit_linear  # re-exported: the fit's public helper
 from .sizes import format_bytes, parse_size
-from .stats import MemoryStats
+from .memory_stats import MemoryStats
 
 if TYPE_CHECKING:
     from unimem.backends.base import Backend
@@ -631,7 +631,7 @@ def _confirm(step: Callable[[int], Any], run: _Run) -> tuple[int, tuple[Trial, .
                 # start) was allocated inside the answer's large segments, which it now pins:
                 # one call at ``start``, with the pool released where the framework says
                 # (``settle``), moves it to small ones, so the pool shrinks back to its size
-                # before the search (README, "Measured on an NVIDIA H200").
+                # before the search (docs/measurements.md, "batch-size search").
                 with _settling(run):
                     done.append(_rerun(step, run, settings.start, "settle"))
             return size, tuple(done), True
@@ -731,7 +731,7 @@ def find_batch_size(
 
     Near the limit, what fits depends on the pool's history: a size that ran during the
     search may fail after a later trial's out-of-memory error (torch's split cached
-    segments; JAX's pool after an OOM, seen on the H200 to fit only about half as much).
+    segments; JAX's pool after an OOM, which then fits about half as much: docs/measurements.md).
     With ``confirm=True`` (the default) the answer is re-run once after the search when a
     trial failed after it ran (not counted in ``trials``); if that fails, one size lower by
     ``margin`` is tried and returned if it runs (then one call at ``start`` lets go of the

@@ -57,7 +57,7 @@ from .recording import (
     Sample,
     merge_samples,
 )
-from .stats import MemoryStats
+from .memory_stats import MemoryStats
 from .tracking import read_stats, resolve_query
 
 __all__ = ["MIN_FRAMEWORK_INTERVAL", "MIN_INTERVAL", "Monitor", "counter_reader", "monitor"]

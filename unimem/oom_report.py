@@ -20,7 +20,7 @@ from .oom_rules import HIGH_FRAGMENTATION, Context, PoolUse, Suggestion, Traits,
 from .pool_fragmentation import Fragmentation, read
 from .precision import enabled_backends
 from .sizes import format_bytes
-from .stats import MemoryStats
+from .memory_stats import MemoryStats
 
 __all__ = [
     "HIGH_FRAGMENTATION",

@@ -18,7 +18,7 @@ from . import registry
 from .live_objects import LiveMemory
 from .pool_fragmentation import Fragmentation
 from .sizes import format_bytes
-from .stats import MemoryStats
+from .memory_stats import MemoryStats
 from .support import When
 
 __all__ = ["HIGH_FRAGMENTATION", "POOL_RULES", "RULES", "Context", "PoolUse", "Suggestion", "Traits", "suggest"]

@@ -16,7 +16,7 @@ from typing import Any
 from . import registry
 from .config import check_device
 from .sizes import format_bytes
-from .stats import MemoryStats
+from .memory_stats import MemoryStats
 
 __all__ = ["Fragmentation", "fragmentation", "with_fragmentation"]
 

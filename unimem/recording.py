@@ -325,7 +325,7 @@ class Recording:
         rows = [s for s in self.samples if source is None or s.source == source]
         # Each figure comes from one stream (the framework's counters or the NVML sampler);
         # the other stream's samples leave it None. Interleaved, those Nones would break the
-        # line at every point (on the H200 the allocated line vanished), so only the streams
+        # line at every point (the line would vanish), so only the streams
         # that carry the figure are drawn, and only their failed readings break the line.
         carriers = {s.source for s in rows if getattr(s, name) is not None}
         points = [s for s in rows if s.source in carriers and (getattr(s, name) is not None or s.error)]

@@ -111,7 +111,7 @@ def plateau_ratio(points: list[tuple[int, int]]) -> float:
 
 # A line through sizes this many times smaller than its prediction is no point estimate
 # while a sure step exists: a step's peaks steepen past small sizes, so such a line
-# overshoots, and a failed trial costs seconds (README, "Measured on an NVIDIA H200").
+# overshoots, and a failed trial costs seconds (docs/measurements.md, "batch-size search").
 MAX_EXTRAPOLATION = 4.0
 
 
@@ -218,7 +218,7 @@ def knee(points: list[tuple[int, int]], limit: int | None) -> int | None:
 
     XLA rematerializes a step whose peak would pass its limit (it recomputes activations),
     so near the limit the peak grows a small fraction as fast per sample as below it
-    (README, "Measured on an NVIDIA H200"). Then the peaks say nothing about how much more
+    (docs/measurements.md, "batch-size search"). Then the peaks say nothing about how much more
     fits, and a line through them predicts far too much. The knee is where the steep line
     below meets the flat one at the top. Only over a step of 5% or more, and 10x flatter:
     noise in the peaks (allocator rounding) makes a shorter step of a straight need look

@@ -27,7 +27,7 @@ from .api import framework_free_stats
 from .config import check_device
 from .errors import ConfigError, UnimemError
 from .sizes import format_bytes
-from .stats import MemoryStats
+from .memory_stats import MemoryStats
 from .support import Level
 
 __all__ = ["Tracked", "read_stats", "resolve_query", "track"]

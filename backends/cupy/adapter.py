@@ -18,7 +18,7 @@ from unimem.backends.nvml import gate as nvml_gate
 
 from unimem.config import Settings
 from unimem.errors import UnsupportedFeature
-from unimem.stats import MemoryStats
+from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
 from . import configure, diagnose, observe

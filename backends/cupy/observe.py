@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from unimem.backends.base import no_such_device
 
-from unimem.stats import MemoryStats
+from unimem.memory_stats import MemoryStats
 
 from .pools import ASYNC, POOL, PeakTracker, allocator_in_use, device_pools
 

@@ -32,7 +32,7 @@ from unimem.backends.nvml import gate as nvml_gate
 
 from unimem.config import Settings
 from unimem.errors import ConfigError, UnimemWarning
-from unimem.stats import MemoryStats
+from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ class JaxBackend(Backend):
             "jax.clear_caches() once at the end drops the trials' compiled steps. Each failed trial costs "
             "about 10 s (XLA's allocator waits for memory before it fails) and keeps the step's outputs in "
             "use for good (XLA does not free a failed execution's output buffers; with donated inputs it "
-            "keeps none, but deletes those inputs, H200): the search measures what stays, holds it against "
+            "keeps none, but deletes those inputs): the search measures what stays, holds it against "
             "the cap, reports it, and says to start a fresh process when the answer no longer fits beside it",
         ),
     }
@@ -279,8 +279,8 @@ class JaxBackend(Backend):
         baseline = self._peak_baseline.get(device)
         if baseline is not None and peak is not None and peak <= baseline:
             peak = None  # the peak since reset_peak() is unknown until it passes the old one
-        # pool_bytes is the pool XLA holds from the device; bytes_reserved is not (it read 0
-        # beside a 1.3 GB BFC pool, jaxlib 0.11.2 on an H200). The cuda_async allocator has no
+        # pool_bytes is the pool XLA holds from the device; bytes_reserved is not (it reads 0
+        # beside a full BFC pool on a GPU: the GPU suite). The cuda_async allocator has no
         # pool and answers 0 for bytes_limit and largest_free_block_bytes: untracked, so None.
         reserved = raw.get("pool_bytes")
         return MemoryStats(

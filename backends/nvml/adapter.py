@@ -14,7 +14,7 @@ from unimem.backends.base import Backend, Profiler, Step, no_such_device
 
 from unimem.config import Settings
 from unimem.errors import UnsupportedFeature
-from unimem.stats import MemoryStats
+from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support
 
 from . import gate

@@ -31,7 +31,7 @@ from unimem.backends.tensorflow import diagnose
 
 from unimem.config import Settings
 from unimem.errors import ConfigError, UnimemWarning
-from unimem.stats import MemoryStats
+from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
 if TYPE_CHECKING:

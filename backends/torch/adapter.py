@@ -37,7 +37,7 @@ from unimem.backends.torch import diagnose
 
 from unimem.config import Settings
 from unimem.errors import ConfigError
-from unimem.stats import MemoryStats
+from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
 if TYPE_CHECKING:

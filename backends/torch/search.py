@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from unimem.stats import MemoryStats
+from unimem.memory_stats import MemoryStats
 
 __all__ = ["at_first_forward", "capacity", "pool_overhead"]
 
