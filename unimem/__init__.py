@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+# Not `from typing import TYPE_CHECKING`: importing typing alone costs more than the rest of
+# `import unimem` (docs/measurements.md, "Import cost"); type checkers read this name too.
+TYPE_CHECKING = False
 
 # Every public name loads on first use (PEP 562): `import unimem` reads this file and
 # nothing else, so a training script pays for what it calls, when it calls it.
@@ -60,6 +62,8 @@ _LAZY: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from .api import capabilities, clear_cache, configure, configure_from_env, reset_peak, stats, summary
     from .applied import Action, Applied
     from .batch_size import BatchSizeSearch, Trial, find_batch_size
