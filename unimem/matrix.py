@@ -187,7 +187,7 @@ def render(root: Path | None = None) -> str:
     ]
     if evidence.gpu_run:
         run = evidence.gpu_run
-        versions = ", ".join(f"{k} {v}" for k, v in sorted(run.get("versions", {}).items()))
+        versions = ", ".join(f"{k} {v}" for k, v in sorted(run.get("versions", {}).items()) if v)
         lines += [
             f"GPU evidence: {run.get('machine', '?')}, {run.get('gpu', '?')}, driver {run.get('driver', '?')}, "
             f"{run.get('date', '?')}; {versions}. File: `{GPU_EVIDENCE.as_posix()}`.",
