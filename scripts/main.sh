@@ -3,7 +3,7 @@
 # same workloads in every installed framework side by side (compare-results/: JSON + PNG).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh plot
 . .venv/bin/activate
 unimem info
 unimem stats

@@ -89,6 +89,37 @@ def _check_cli(python: Path, cwd: Path) -> None:
     _run([python, "-m", "unimem", "--help"], cwd=cwd)
 
 
+BARE = textwrap.dedent(
+    """
+    import importlib.util, json
+    import unimem
+    snapshot = unimem.stats()  # no GPU here: the framework-free view, every figure None
+    try:
+        unimem.Recording().plot("memory.png")
+        plot = None
+    except unimem.BackendUnavailable as exc:
+        plot = str(exc)
+    print(json.dumps({
+        "stats_backend": snapshot.backend,
+        "absent": [m for m in ("numpy", "matplotlib", "PIL") if importlib.util.find_spec(m) is None],
+        "plot": plot,
+    }))
+    """
+)
+
+
+def _check_bare_install(python: Path, cwd: Path) -> None:
+    """What a training image gets from a bare install: NVML's bindings, no plotting stack."""
+    script = python.parent / "unimem"
+    info = _run([script, "info", "--json"], cwd=cwd).stdout
+    assert json.loads(info)["frameworks"], "unimem info lists the backends"
+    _run([script, "stats"], cwd=cwd)
+    out = json.loads(_run([python, "-c", BARE], cwd=cwd).stdout.strip().splitlines()[-1])
+    assert out["stats_backend"] == "nvml"
+    assert out["absent"] == ["numpy", "matplotlib", "PIL"], "plotting must stay an extra"
+    assert out["plot"] is not None and "unimem[plot]" in out["plot"], out["plot"]
+
+
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
     """A copy of the working tree (what is committed or about to be), without build debris."""
@@ -112,7 +143,7 @@ def test_wheel_installs_into_a_fresh_venv(source, tmp_path):
     python = _fresh_venv(tmp_path / "venv")
     _pip(python, wheel)
     out = _check(python, cwd=tmp_path)
-    assert out["available"] == [], "a bare install has no framework and no NVML"
+    assert out["available"] == ["nvml"], "a bare install has NVML's bindings and no framework"
     assert out["py_typed"] is True
     assert out["top_level_backends"] is False, "a top-level 'backends' package was installed"
     assert out["frameworks_loaded"] == []
@@ -121,6 +152,7 @@ def test_wheel_installs_into_a_fresh_venv(source, tmp_path):
     assert out["adapters"] == {name: f"unimem.backends.{name}.adapter" for name in registry.BACKENDS}
     assert str(tmp_path / "venv") in out["file"]
     _check_cli(python, cwd=tmp_path)
+    _check_bare_install(python, cwd=tmp_path)
 
 
 def test_editable_install_into_a_fresh_venv(source, tmp_path):
@@ -130,7 +162,7 @@ def test_editable_install_into_a_fresh_venv(source, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     out = _check(python, cwd=elsewhere)
-    assert out["available"] == []
+    assert out["available"] == ["nvml"]
     assert out["py_typed"] is True
     assert out["top_level_backends"] is False, "the editable install exposes a top-level 'backends'"
     assert out["frameworks_loaded"] == []

@@ -48,7 +48,13 @@ class Comparison:
         Path(path).write_text(json.dumps(self.as_dict(), indent=2) + "\n", encoding="utf-8")
 
     def plot(self, path: str | Path) -> None:
-        """A PNG: memory (device peak, or host peak RSS without a GPU) and step time per run."""
+        """A PNG: memory (device peak, or host peak RSS without a GPU) and step time per run.
+
+        Raises ``BackendUnavailable`` naming the ``plot`` extra when matplotlib is not installed.
+        """
+        from .plotting import require_matplotlib
+
+        require_matplotlib("compare plot")
         import matplotlib
 
         matplotlib.use("Agg")

@@ -89,7 +89,7 @@ BACKENDS: dict[str, Entry] = {
     "nvml": Entry(
         "pynvml",
         "unimem.backends.nvml.adapter:NvmlBackend",
-        "pip install 'unimem[nvml]' (nvidia-ml-py)",
+        "pip install nvidia-ml-py (a dependency of unimem: reinstall unimem)",
         framework=False,
     ),
 }
@@ -182,7 +182,21 @@ def _installed(module: str) -> bool:
 
 
 def available_backends() -> list[str]:
-    """Backends whose framework (or NVML) is installed, found without importing it."""
+    """Backends whose framework (or NVML) is installed, found without importing it.
+
+    Installed frameworks are found with ``importlib.util.find_spec``; plug-in backends
+    registered in the entry-point group ``unimem.backends`` are included (their entry
+    points are read here, once per process).
+
+    Returns:
+        Canonical backend names (``"torch"``, ``"tensorflow"``, ``"jax"``, ``"cupy"``,
+        ``"nvml"``, then plug-ins), in registry order, for those whose module is installed.
+
+    Example:
+        ```python
+        unimem.available_backends()  # e.g. ['torch', 'jax', 'nvml']
+        ```
+    """
     return [name for name in all_backends() if _installed(_entry(name).module)]
 
 

@@ -8,8 +8,8 @@ __all__ = ["explain_step_error"]
 # A failed call deletes the arrays it was given to donate; JAX's own message names no cause.
 _DONATED = (
     "unimem.find_batch_size: an earlier trial ran out of memory, and a JAX call that fails deletes "
-    "the arrays it was given to donate (donate_argnums). Search with a step that does not donate (or passes copies), then donate in "
-    "training with the size found"
+    "the arrays it was given to donate (donate_argnums). Search with a step that does not donate "
+    "(or passes copies), then donate in training with the size found"
 )
 
 

@@ -49,7 +49,7 @@ def load() -> Any:
         try:
             import pynvml
         except ImportError:
-            _init_error = "nvml: nvidia-ml-py is not installed; pip install 'unimem[nvml]'"
+            _init_error = "nvml: nvidia-ml-py is not installed; pip install nvidia-ml-py (unimem depends on it)"
             raise BackendUnavailable(_init_error) from None
         try:
             pynvml.nvmlInit()
