@@ -69,7 +69,27 @@ STATUS_SKIPPED = "skipped"  # not applied (strict=False, or nothing to act on); 
 
 @dataclass
 class Step:
-    """One planned change: what, how, and the callable that makes it."""
+    """One planned change: what, how, and the callable that makes it.
+
+    ``Backend.plan()`` returns them; ``configure`` runs their ``run`` callables only once
+    every backend's plan succeeded, and reports each as an ``unimem.Action``.
+
+    Attributes:
+        backend (str): The backend the change is for.
+        setting (str): The setting (``"fraction"``, ``"growth"``, ...).
+        value (object): The value asked for.
+        method (str): ``"api"``, ``"env"``, ``"hook"`` (an API call made when the framework
+            starts) or ``"none"``.
+        target (str): The exact call or ``VAR=value``, for humans and for ``Applied``.
+        run (Callable[[], None] | None): What makes the change; None when there is nothing
+            to run.
+        status (str): What it will be once run: ``"applied"`` (default), ``"pending"``,
+            ``"unchanged"`` or ``"skipped"``.
+        too_late (str | None): Why it can no longer take effect, with the fix.
+        unsupported (str | None): Why the framework can never do this, with an alternative.
+        note (str): Anything else to know; shown in the ``Action``.
+        when (When): By when it must be made.
+    """
 
     backend: str
     setting: str
@@ -86,7 +106,66 @@ class Step:
 
 class Backend(ABC):
     """Base of every adapter. Subclasses fill the class attributes and the methods their
-    framework supports; the defaults below mean "cannot" and match an UNSUPPORTED row."""
+    framework supports; the defaults below mean "cannot" and match an UNSUPPORTED row.
+
+    A subclass must set ``name``, ``module``, ``distributions`` and ``CAPABILITIES`` (one
+    ``Support`` per feature of ``unimem.support.FEATURES``, unsupported ones included),
+    and implement ``phase``, ``plan``, ``stats``, ``reset_peak`` and ``clear_cache``.
+    Everything else is optional. The class is data and methods: importing it must not
+    import the framework (import it inside methods, never at module top), and it is
+    instantiated without arguments.
+
+    Attributes:
+        name (str): The backend's name, as users pass it to ``backend=``.
+        module (str): The framework's top-level module; unimem checks it is installed
+            without importing it.
+        distributions (tuple[str, ...]): pip distributions that carry the framework, first
+            found wins (for ``version()``).
+        CAPABILITIES (dict[str, Support]): The capability table: one entry per feature.
+        error_modules (tuple[str, ...]): Top-level modules whose exception classes are this
+            framework's (default none).
+        preallocation_var (str | None): The variable with which a user states
+            preallocation; None (default): the framework allocates on demand.
+        failed_step_keeps_outputs (bool): A failed execution keeps its outputs in use until
+            the process ends (XLA does); default False.
+        peak_reset_exact (bool): ``reset_peak()`` restarts the peak exactly though unimem
+            does the counting, so ``track()`` may reset it per block; default False.
+        accumulation_code (str): The gradient-accumulation snippet an OOM report offers,
+            formatted with ``{micro}``, ``{steps}``, ``{total}``; empty: none.
+        checkpoint_code (str): The activation-checkpointing snippet an OOM report offers;
+            empty: none.
+        scan_needs_gc (bool): Its live scan walks every object the garbage collector
+            tracks (``live_memory`` then gets ``gc.get_objects()``); default False.
+        precision_state_per_thread (bool): An enabled precision policy belongs to the
+            thread that enabled it (torch's autocast), so only that thread may disable
+            it; default False.
+        release_every_trial (bool): The batch-size search gives the cache back after every
+            trial (cheap, and peaks start clean); default False.
+        kept_outputs_note (str): Why bytes stay in use after a failed trial, as the
+            search's note says it.
+        runs_workloads (bool): It overrides ``start_device`` and ``workload_step``, so
+            ``unimem compare`` runs it; default False.
+        workload_env (dict[str, str]): Variables a fresh process running its workload
+            starts with unless the user set them (quieter logs).
+
+    Example:
+        ```python
+        from unimem.backends.base import Backend, Step
+        from unimem.support import Phase
+
+        class MyBackend(Backend):
+            name = "mine"
+            module = "myframework"
+            distributions = ("myframework",)
+            CAPABILITIES = {...}  # one Support per feature of unimem.support.FEATURES
+
+            def phase(self) -> Phase: ...
+            def plan(self, settings) -> list[Step]: ...
+            def stats(self, device=0, *, nvml=True): ...
+            def reset_peak(self, device=0) -> None: ...
+            def clear_cache(self, device=0) -> int: ...
+        ```
+    """
 
     name: ClassVar[str]
     module: ClassVar[str]  # top-level module of the framework
@@ -109,7 +188,11 @@ class Backend(ABC):
 
     # --- identity ---------------------------------------------------------
     def version(self) -> str | None:
-        """Installed version, read from package metadata without importing."""
+        """Installed version, read from package metadata without importing.
+
+        Returns:
+            The version of the first of ``distributions`` installed; None if none is.
+        """
         for dist in self.distributions:
             try:
                 return importlib.metadata.version(dist)
@@ -118,15 +201,25 @@ class Backend(ABC):
         return None
 
     def imported(self) -> bool:
+        """Whether the framework's module is already imported in this process (imports nothing)."""
         return self.module in sys.modules
 
     def framework(self) -> Any:
-        """The framework module, imported on demand (explicit backend calls only)."""
+        """The framework module, imported on demand (explicit backend calls only).
+
+        Returns:
+            The module named by ``module``.
+        """
         return sys.modules.get(self.module) or importlib.import_module(self.module)
 
     @abstractmethod
     def phase(self) -> Phase:
-        """How far the framework has got; must not import or start it."""
+        """How far the framework has got; must not import or start it.
+
+        Returns:
+            ``Phase.NOT_IMPORTED``, ``Phase.IMPORTED`` or ``Phase.INITIALIZED`` (device
+            runtime started: allocator and visible devices are fixed).
+        """
 
     # --- configuration ----------------------------------------------------
     def check(self, settings: Settings) -> None:
@@ -134,6 +227,13 @@ class Backend(ABC):
 
         Runs for every backend of a ``configure`` call before any ``plan()``, so a
         refusal comes before anything (NVML included) is asked.
+
+        Args:
+            settings: What this backend is asked to do; a None field means "leave as it is".
+
+        Raises:
+            ConfigError: The combination cannot be taken by this framework (naming the
+                parameter and what to pass instead).
         """
         return None  # most frameworks take any combination the config model allows
 
@@ -144,11 +244,29 @@ class Backend(ABC):
         Raises ``ConfigError`` for combinations the framework cannot take and
         ``UnsupportedFeature`` for settings it can never do; marks ``too_late``
         on steps whose moment has passed.
+
+        Args:
+            settings: What this backend is asked to do; a None field means "leave as it is".
+
+        Returns:
+            One step per change (or per setting already so, with status ``"unchanged"``).
+
+        Raises:
+            ConfigError: A combination the framework cannot take.
+            UnsupportedFeature: A setting the framework can never make.
         """
 
     def takes_safe_growth(self, settings: Settings) -> bool:
         """Whether growth may be switched on for it when frameworks share a process and the
-        user said nothing about growth (only a preallocating framework needs it)."""
+        user said nothing about growth (only a preallocating framework needs it).
+
+        Args:
+            settings: What this backend is asked to do.
+
+        Returns:
+            By default: True when ``preallocation_var`` is set on the class and the user has
+            not set that variable.
+        """
         return self.preallocation_var is not None and os.environ.get(self.preallocation_var) is None
 
     # --- queries ------------------------------------------------------------
@@ -158,28 +276,80 @@ class Backend(ABC):
 
         ``nvml=False`` skips the NVML queries (device and process figures are then None):
         the framework's own counters only, for hot loops.
+
+        Args:
+            device: The device index, as the framework counts devices.
+            nvml: Whether to add NVML's device and per-process figures.
+
+        Returns:
+            The snapshot; every figure the framework does not keep, or cannot give yet
+            (runtime not started, no GPU), is None, never 0.
+
+        Raises:
+            ConfigError: The started framework has no such device (see ``no_such_device``).
         """
 
     @abstractmethod
-    def reset_peak(self, device: int = 0) -> None: ...
+    def reset_peak(self, device: int = 0) -> None:
+        """Start the peak figures afresh (natively, or emulated as the capability table says).
+
+        Args:
+            device: The device index.
+
+        Raises:
+            UnsupportedFeature: The backend keeps no peak.
+        """
 
     @abstractmethod
     def clear_cache(self, device: int = 0) -> int:
-        """Give cached memory back to the device; return the bytes measured going back."""
+        """Give cached memory back to the device; return the bytes measured going back.
+
+        Args:
+            device: The device index.
+
+        Returns:
+            The bytes measured going back, 0 or more (0 where the framework cannot: warn
+            with ``UnimemWarning`` saying what to do instead).
+
+        Raises:
+            UnsupportedFeature: The backend has no pool to give back.
+        """
 
     def fragmentation(self, device: int = 0) -> dict[str, int | None] | None:
         """``free_in_pool``, ``largest_free_block``, ``free_blocks`` of the pool, or None if
-        the framework exposes none (or its runtime has not started). May be slow: on request only."""
+        the framework exposes none (or its runtime has not started). May be slow: on request only.
+
+        Args:
+            device: The device index.
+
+        Returns:
+            ``{"free_in_pool": ..., "largest_free_block": ..., "free_blocks": ...}`` (bytes,
+            bytes, a count; each None where unknown), or None (the default: unknown).
+        """
         return None
 
     def device_uuid(self, device: int) -> str | None:
-        """The device's UUID when the framework already knows it (maps to NVML exactly); never starts it."""
+        """The device's UUID when the framework already knows it (maps to NVML exactly); never starts it.
+
+        Args:
+            device: The device index, as the framework counts devices.
+
+        Returns:
+            The UUID (``"GPU-..."``), or None (the default) when it is not known.
+        """
         return None
 
     # --- diagnosis: out-of-memory errors --------------------------------------
     @classmethod
     def owns_error(cls, exc: BaseException) -> bool:
-        """Whether ``exc``'s class comes from this framework. Imports nothing."""
+        """Whether ``exc``'s class comes from this framework. Imports nothing.
+
+        Args:
+            exc: Any exception.
+
+        Returns:
+            By default: True when a class in its MRO comes from one of ``error_modules``.
+        """
         for klass in type(exc).__mro__:
             module = getattr(klass, "__module__", "") or ""
             if module.split(".")[0] in cls.error_modules:
@@ -189,30 +359,77 @@ class Backend(ABC):
     @classmethod
     def recognises_oom(cls, exc: BaseException, message: str) -> bool:
         """Whether ``exc`` (whose text is ``message``) is this framework's out-of-memory error.
-        Imports nothing: class names and modules through the MRO, and the message."""
+        Imports nothing: class names and modules through the MRO, and the message.
+
+        Args:
+            exc: Any exception (one link of a chain: ``is_oom`` walks causes and contexts).
+            message: ``str(exc)``, read once.
+
+        Returns:
+            True for this framework's out-of-memory error; False (the default) otherwise.
+        """
         return False
 
     @classmethod
     def requested_bytes(cls, message: str) -> tuple[int, str] | None:
-        """``(bytes, how it was read)`` of the failed request, from the error's text."""
+        """``(bytes, how it was read)`` of the failed request, from the error's text.
+
+        Args:
+            message: An out-of-memory error's text.
+
+        Returns:
+            The bytes asked for and the words they were read from, when this framework's
+            message says; None (the default) otherwise.
+        """
         return None
 
     def oom_place(self, exc: BaseException, device: int, message: str) -> str | None:
-        """Where the failed allocation was: ``"cuda:N"``/``"gpu:N"``, ``"cpu"``, ``"mps"``; None if unknown."""
+        """Where the failed allocation was: ``"cuda:N"``/``"gpu:N"``, ``"cpu"``, ``"mps"``; None if unknown.
+
+        Args:
+            exc: The out-of-memory error.
+            device: The device index the report is for.
+            message: ``str(exc)``.
+
+        Returns:
+            The place, or None (the default) when it cannot be told.
+        """
         return None
 
     def place_spelling(self, place: str) -> str | None:
-        """``place`` (``"cuda:0"``, ``"gpu:0"``, ``"cpu"``) spelled as this framework's live scan matches it."""
+        """``place`` (``"cuda:0"``, ``"gpu:0"``, ``"cpu"``) spelled as this framework's live scan matches it.
+
+        Args:
+            place: Where an allocation failed, as ``oom_place`` spells it.
+
+        Returns:
+            The same device in this framework's spelling (by default ``place`` itself);
+            None to scan every device.
+        """
         return place
 
     def precision_in_force(self) -> tuple[bool, str] | None:
         """Whether the framework's own mixed-precision switch is on, and how that was read;
-        None when it has none or it cannot be read."""
+        None when it has none or it cannot be read.
+
+        Returns:
+            ``(on, how it was read)``, or None (the default).
+        """
         return None
 
     def live_memory(self, objects: list[object], place: str | None, top: int) -> LiveMemory | None:
         """The live arrays of this framework on ``place`` (None: all), the ``top`` largest kept.
-        ``objects`` is ``gc.get_objects()`` when ``scan_needs_gc``, else empty. None if it cannot scan."""
+        ``objects`` is ``gc.get_objects()`` when ``scan_needs_gc``, else empty. None if it cannot scan.
+
+        Args:
+            objects: ``gc.get_objects()`` when ``scan_needs_gc``, else an empty list.
+            place: The device to look at, in this framework's spelling; None: every device.
+            top: How many of the largest to keep.
+
+        Returns:
+            The count, total bytes and largest live objects, described (never referenced);
+            None (the default) when the framework cannot be scanned.
+        """
         return None
 
     scan_needs_gc: ClassVar[bool] = False  # its live scan walks every object the garbage collector tracks
@@ -220,11 +437,29 @@ class Backend(ABC):
     # --- observation ------------------------------------------------------------
     def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
         """A cheap ``() -> (allocated, reserved)`` for a monitor's thread, and a note saying why
-        there is none. Reads ``(None, None)`` until the runtime has started; never starts it."""
+        there is none. Reads ``(None, None)`` until the runtime has started; never starts it.
+
+        A reader may raise ``unimem.recording.NoFigures`` once it knows it never will have
+        figures here (a CPU device): the monitor then stops asking.
+
+        Args:
+            device: The device index.
+
+        Returns:
+            ``(reader, note)``; by default ``(None, "<name>: no allocator counters")``.
+        """
         return None, f"{self.name}: no allocator counters"
 
     def profiler(self) -> Profiler:
-        """This framework's memory profiler; ``UnsupportedFeature`` when it has none usable here."""
+        """This framework's memory profiler; ``UnsupportedFeature`` when it has none usable here.
+
+        Returns:
+            An object with ``start(path, max_entries)``, ``stop(path)`` and
+            ``snapshot(path, stem, running)``, driven by ``unimem.profile``.
+
+        Raises:
+            UnsupportedFeature: The framework has no memory profiler usable here (the default).
+        """
         raise UnsupportedFeature(self.name, "profile", f"{self.name} has no memory profiler unimem can drive")
 
     # --- mixed precision ----------------------------------------------------------
@@ -233,22 +468,53 @@ class Backend(ABC):
     precision_state_per_thread: ClassVar[bool] = False
 
     def precision(self) -> PrecisionHelpers:
-        """The precision helpers (imports the framework); ``UnsupportedFeature`` if none."""
+        """The precision helpers (imports the framework); ``UnsupportedFeature`` if none.
+
+        Returns:
+            The helpers ``unimem.mixed_precision`` drives: ``device``, ``dtype``, ``check``,
+            ``cast``, ``enable``, ``loss_scaler`` (and, for Keras, ``wrap_optimizer``).
+
+        Raises:
+            UnsupportedFeature: The backend runs no computation to set a precision for
+                (the default).
+        """
         raise UnsupportedFeature(self.name, "precision", f"{self.name} runs no computation to set a precision for")
 
     # --- batch-size search hooks ----------------------------------------------------
     release_every_trial: ClassVar[bool] = False  # give the cache back after every trial (cheap, and peaks start clean)
 
     def search_capacity(self, snapshot: MemoryStats) -> int | None:
-        """Bytes a trial's measured peak may reach: the cap by default."""
+        """Bytes a trial's measured peak may reach: the cap by default.
+
+        Args:
+            snapshot: ``stats()`` before the search.
+
+        Returns:
+            The bytes (by default ``snapshot.limit``); None when unknown.
+        """
         return snapshot.limit
 
     def pool_overhead(self, peak: int | None, peak_reserved: int | None) -> int:
-        """Bytes the pool holds beyond those in use at a trial's peak, which the cap must also hold."""
+        """Bytes the pool holds beyond those in use at a trial's peak, which the cap must also hold.
+
+        Args:
+            peak: The trial's peak bytes in use; None if unknown.
+            peak_reserved: The pool's peak bytes in the same trial; None if unknown.
+
+        Returns:
+            The overhead in bytes (0 by default).
+        """
         return 0
 
     def settle(self, release: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
-        """A context around the search's last call that may run ``release`` at a better moment."""
+        """A context around the search's last call that may run ``release`` at a better moment.
+
+        Args:
+            release: Gives the pool back, as the search does between trials.
+
+        Returns:
+            A context manager (by default one that does nothing).
+        """
         return contextlib.nullcontext()
 
     # Why bytes stay in use after a failed trial, as the search's note says it.
@@ -259,7 +525,15 @@ class Backend(ABC):
 
     @classmethod
     def explain_step_error(cls, exc: BaseException, after_oom: bool) -> str | None:
-        """A note naming the cause of a step's own (not out-of-memory) error; ``after_oom``: a trial failed before."""
+        """A note naming the cause of a step's own (not out-of-memory) error; ``after_oom``: a trial failed before.
+
+        Args:
+            exc: The error the step raised, which stops the search.
+            after_oom: Whether a trial failed with an out-of-memory error before it.
+
+        Returns:
+            The note, or None (the default) when there is nothing to add.
+        """
         return None
 
     # --- compare workloads ----------------------------------------------------------
@@ -268,11 +542,30 @@ class Backend(ABC):
     workload_env: ClassVar[dict[str, str]] = {}
 
     def start_device(self) -> str:
-        """Start the device runtime with a tiny op; returns the device's name ("cpu" without a GPU)."""
+        """Start the device runtime with a tiny op; returns the device's name ("cpu" without a GPU).
+
+        Returns:
+            The device's name.
+
+        Raises:
+            UnsupportedFeature: The backend runs no workload (the default).
+        """
         raise UnsupportedFeature(self.name, "compare", f"{self.name} runs no workload")
 
     def workload_step(self, workload: str, shapes: Any, dtype: str) -> tuple[Callable[[], None], int]:
-        """``(step, parameter_count)`` of a reference workload (``unimem.workloads``) in this framework."""
+        """``(step, parameter_count)`` of a reference workload (``unimem.workloads``) in this framework.
+
+        Args:
+            workload: The workload's name, as ``unimem.workloads`` defines it.
+            shapes: The workload's shapes.
+            dtype: The dtype name to run it in.
+
+        Returns:
+            A callable running one step, and the model's parameter count.
+
+        Raises:
+            UnsupportedFeature: The backend runs no workload (the default).
+        """
         raise UnsupportedFeature(self.name, "compare", f"{self.name} runs no workload")
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install everything, then lint, type-check, check the matrix is current, and run the
-# CPU test suite with all three frameworks. A pytest run that collects no test exits 5,
+# Install everything, then lint, type-check, check the matrix is current, build the API
+# reference strictly (a broken docstring or link fails), and run the
+# CPU test suite with every framework (torch, TensorFlow, JAX, CuPy). A pytest run that collects no test exits 5,
 # which fails this script like any other failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,4 +12,5 @@ ruff format --check .
 ruff check .
 mypy unimem backends
 unimem matrix --check
+mkdocs build --strict --site-dir "$(mktemp -d)"
 python -m pytest tests --ignore=tests/gpu -q -p no:cacheprovider

@@ -39,7 +39,7 @@ DYNAMIC_IMPORTS = {
 }
 # Modules a framework brings that are names of it too, beside those the registry knows.
 KNOWN_COMPANIONS = ("keras", "jaxlib", "cupyx", "cupy_backends", "flax", "optax", "transformers")
-FUNCTION_LINES = 90  # "much over 80": a little room for a docstring
+FUNCTION_LINES = 90  # "much over 80": a tenth of room
 MAX_LINES_EXEMPT: dict[str, str] = {}
 
 
@@ -336,12 +336,20 @@ def _functions(source: Source) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDe
             yield node
 
 
+def _code_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of a function less its docstring: documentation never counts against its length."""
+    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        lines -= (first.end_lineno or first.lineno) - first.lineno + 1
+    return lines
+
+
 @pytest.mark.parametrize("source", ALL, ids=lambda s: s.rel)
 def test_no_function_is_much_over_80_lines(source):
     long = [
-        f"{node.name} ({(node.end_lineno or node.lineno) - node.lineno + 1} lines)"
+        f"{node.name} ({_code_lines(node)} lines of code)"
         for node in _functions(source)
-        if (node.end_lineno or node.lineno) - node.lineno + 1 > FUNCTION_LINES
-        and f"{source.rel}:{node.name}" not in MAX_LINES_EXEMPT
+        if _code_lines(node) > FUNCTION_LINES and f"{source.rel}:{node.name}" not in MAX_LINES_EXEMPT
     ]
     assert not long, f"{source.rel}: " + ", ".join(long)

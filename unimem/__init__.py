@@ -1,6 +1,7 @@
-"""unimem: one GPU-memory API for PyTorch, TensorFlow and JAX, with NVML as ground truth.
+"""unimem: one GPU-memory API for PyTorch, TensorFlow, JAX and CuPy, with NVML as ground truth.
 
-``import unimem`` imports no framework and no NVML.
+``import unimem`` imports no framework and no NVML. The public names are in ``__all__``:
+``configure`` and ``stats`` to start with; ``docs/api/`` documents every one.
 """
 
 from __future__ import annotations

@@ -82,11 +82,56 @@ def configure(
     passed (the framework already started) raises ``TooLateError``; with
     ``strict=False`` it is skipped with a ``UnimemWarning`` instead. The returned
     ``Applied`` says, per backend and setting, how it was applied and what waits
-    for the framework to start.
+    for the framework to start. Call it before the framework's import or first op.
 
-    ``backend="auto"`` takes the frameworks already imported; when none is, every
-    installed framework gets the settings it can take before import. Nothing is
-    imported to find out.
+    When several frameworks share the process and ``growth`` is not given, growth is turned on for
+    a framework that would otherwise preallocate most of the device (unless its preallocation
+    variable is set); the ``Action``'s note says so, and ``growth=False`` keeps preallocation.
+
+    Args:
+        backend: ``"auto"`` (default) takes the frameworks already imported; when none is, every
+            installed framework gets the settings it can take before import (a setting one cannot
+            take is skipped if another can); nothing is imported to find out. Or a name or alias
+            (``"torch"``, ``"tf"``, ``"jax"``, ``"cupy"``, a plug-in's), or a list of names.
+        fraction: The cap as a share of device memory, in (0, 1]; or a per-backend mapping such
+            as ``{"torch": 0.5, "jax": 0.3}`` (adding up to at most 1; with ``"auto"`` its keys name
+            the backends). Excludes ``limit``. None (default) leaves the cap as it is.
+        limit: The cap in bytes: an ``int`` or a size such as ``"8GiB"``, ``"512MB"``, ``"1.5 GB"``;
+            or a per-backend mapping. Excludes ``fraction``. None (default) leaves it as it is.
+        growth: True allocates on demand, False preallocates the allowance; None (default) leaves
+            it as it is (but see the shared-process default above).
+        allocator: ``"default"``, ``"async"`` (cudaMallocAsync), ``"expandable"`` (expandable
+            segments) or ``"uncached"`` (memory returns on free); None (default): as it is.
+        devices: The device indices the framework may see (``CUDA_VISIBLE_DEVICES`` semantics, counted
+            among those this process can already see), an ``int`` or a list; None (default): as they are.
+        strict: True (default) raises for a setting too late or unsupported; False skips it with a
+            ``UnimemWarning`` and a ``"skipped"`` action.
+
+    Returns:
+        An ``Action`` per backend and setting, with its method (``"api"``, ``"env"``, ``"hook"``)
+        and status (``"applied"``, ``"pending"``, ``"unchanged"``, ``"skipped"``); ``str()`` is a table.
+
+    Raises:
+        ConfigError: An argument is invalid (``exc.parameter`` names it): an unknown or repeated
+            backend, a share outside (0, 1] or adding up to more than 1, ``fraction`` with ``limit``,
+            a split naming a backend not configured, an unreadable size or allocator, bad or hidden
+            device indices, a combination the backend cannot take (TensorFlow's growth with a cap).
+        BackendUnavailable: A named framework is not installed, or ``"auto"`` finds none; the
+            message says what to ``pip install``.
+        UnsupportedFeature: With ``strict=True``, a backend can never make a setting (see
+            ``capabilities()``); ``"nvml"`` takes no setting, whatever ``strict`` says.
+        TooLateError: With ``strict=True``, a setting's moment has passed (framework imported or
+            started): call ``configure`` earlier, restart the process, or pass ``strict=False``.
+
+    Warns:
+        UnimemWarning: For each setting skipped (with ``strict=False``, one too late or unsupported);
+            the action's note says why.
+
+    Example:
+        ```python
+        unimem.configure(backend="torch", fraction=0.25, allocator="expandable")
+        import torch  # the cap is made at CUDA init, so CUDA is not started early
+        ```
     """
     if not isinstance(strict, bool):
         raise ConfigError("strict", f"expected True or False, got {strict!r}")
@@ -235,11 +280,36 @@ def _safe_growth_default(
 
 
 def configure_from_env() -> Applied:
-    """``configure`` from ``UNIMEM_BACKEND``, ``UNIMEM_FRACTION``, ``UNIMEM_LIMIT``,
-    ``UNIMEM_GROWTH``, ``UNIMEM_ALLOCATOR`` and ``UNIMEM_DEVICES``.
+    """Run ``configure`` with the settings in ``UNIMEM_*`` environment variables.
 
-    Fractions and limits may be split: ``UNIMEM_FRACTION="torch=0.5,jax=0.3"``.
-    Errors name the variable.
+    Reads ``UNIMEM_BACKEND``, ``UNIMEM_FRACTION``, ``UNIMEM_LIMIT``, ``UNIMEM_GROWTH``,
+    ``UNIMEM_ALLOCATOR`` and ``UNIMEM_DEVICES``; a variable unset or empty leaves its
+    setting as it is (``configure``'s default), and ``strict`` is True.
+
+    - ``UNIMEM_BACKEND``: a name, or names separated by commas (``"torch,jax"``).
+    - ``UNIMEM_FRACTION`` / ``UNIMEM_LIMIT``: a value, or split per backend:
+      ``UNIMEM_FRACTION="torch=0.5,jax=0.3"``, ``UNIMEM_LIMIT="torch=8GiB"``.
+    - ``UNIMEM_GROWTH``: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``.
+    - ``UNIMEM_ALLOCATOR``: one of ``configure``'s allocators.
+    - ``UNIMEM_DEVICES``: indices separated by commas (``"0,1"``).
+
+    Returns:
+        What was done, as ``configure`` returns it.
+
+    Raises:
+        ConfigError: A variable cannot be read or holds an invalid setting; errors name
+            the variable (``exc.parameter == "UNIMEM_FRACTION"``), not the argument.
+        BackendUnavailable: As from ``configure``: a named framework is not installed.
+        UnsupportedFeature: As from ``configure``: a backend can never make a setting.
+        TooLateError: As from ``configure``: a setting's moment has passed.
+
+    Example:
+        ```python
+        # UNIMEM_BACKEND=jax UNIMEM_FRACTION=0.3 python train.py
+        import unimem
+
+        unimem.configure_from_env()
+        ```
     """
     kwargs = parse_env()
     try:
@@ -259,6 +329,32 @@ def stats(backend: str | None = None, device: int = 0, *, nvml: bool = True) -> 
     ``backend=None`` follows the query rule (``unimem.registry``): the framework named in
     ``configure()``, else the one whose device runtime started, else the framework-free
     view (NVML; every figure None on a host without a driver).
+
+    Args:
+        backend: A backend name or alias (``"torch"``, ``"tf"``, ``"jax"``, ``"cupy"``,
+            ``"nvml"``), or None (default) for the query rule above.
+        device: The device index, as the backend counts devices (default 0).
+        nvml: True (default) adds NVML's device and per-process figures; False reads the
+            framework's counters only, for hot loops.
+
+    Returns:
+        The snapshot: byte counts as ``int``, or None where unknown (never 0).
+
+    Raises:
+        ConfigError: ``device`` is not an index of 0 or more (or the started framework
+            has no such device), ``nvml`` is not a bool, ``backend`` is unknown, or, with
+            ``backend=None``, two frameworks were named to ``configure()`` or have started:
+            pass ``backend=`` one of them.
+        BackendUnavailable: The named backend's framework is not installed, or
+            ``backend="nvml"`` was asked for explicitly and NVML cannot be loaded (with
+            ``backend=None`` the framework-free view answers Nones instead).
+
+    Example:
+        ```python
+        snapshot = unimem.stats("torch")
+        print(snapshot.allocated, snapshot.peak_allocated, snapshot.process_used)
+        in_loop = unimem.stats("torch", nvml=False)  # framework counters only
+        ```
     """
     device = check_device(device)
     if not isinstance(nvml, bool):
@@ -291,7 +387,24 @@ def _query_backend(backend: str | None) -> str:
 
 
 def reset_peak(backend: str | None = None, device: int = 0) -> None:
-    """Start the peak figures afresh (see ``capabilities(b)['reset_peak']`` for limits)."""
+    """Start the peak figures afresh (see ``capabilities(b)['reset_peak']`` for limits).
+
+    Afterwards ``stats().peak_allocated`` and ``peak_reserved`` count from now. Where
+    the framework cannot reset its peak, unimem emulates it (JAX: the peak is known
+    only once it passes the old one, and reads None until then).
+
+    Args:
+        backend: A backend name or alias, or None (default) for the query rule of
+            ``stats()``.
+        device: The device index (default 0).
+
+    Raises:
+        ConfigError: ``device`` is not an index of 0 or more, ``backend`` is unknown, or,
+            with ``backend=None``, two frameworks are candidates: pass ``backend=``.
+        BackendUnavailable: The named backend's framework is not installed.
+        UnsupportedFeature: The backend keeps no peak: NVML, which ``backend=None``
+            means while no framework is configured or started; name a framework backend.
+    """
     device = check_device(device)
     registry.get_backend(_query_backend(backend)).reset_peak(device)
 
@@ -301,19 +414,90 @@ def clear_cache(backend: str | None = None, device: int = 0) -> int:
 
     Returns the bytes measured going back (0 if none, or if the framework cannot:
     it then warns with ``UnimemWarning`` saying what to do instead).
+
+    Args:
+        backend: A backend name or alias, or None (default) for the query rule of
+            ``stats()``.
+        device: The device index (default 0).
+
+    Returns:
+        The bytes measured going back to the device, 0 or more (0 when nothing was
+        cached, on the CPU, or where the framework's pool never shrinks).
+
+    Raises:
+        ConfigError: ``device`` is not an index of 0 or more, ``backend`` is unknown, or,
+            with ``backend=None``, two frameworks are candidates: pass ``backend=``.
+        BackendUnavailable: The named backend's framework is not installed.
+        UnsupportedFeature: The backend has no pool: NVML, which ``backend=None`` means
+            while no framework is configured or started; name a framework backend.
+
+    Warns:
+        UnimemWarning: The framework cannot give its pool back (TensorFlow); the
+            message says what to do instead.
+
+    Example:
+        ```python
+        del activations
+        freed = unimem.clear_cache("torch")
+        print(unimem.format_bytes(freed))
+        ```
     """
     device = check_device(device)
     return registry.get_backend(_query_backend(backend)).clear_cache(device)
 
 
 def capabilities(backend: str) -> dict[str, Support]:
-    """What ``backend`` supports, feature by feature. Imports no framework."""
+    """What ``backend`` supports, feature by feature. Imports no framework.
+
+    The table is data in the backend's adapter, the same that ``compat_matrix.md`` is
+    generated from; it can be read whether or not the framework is installed.
+
+    Args:
+        backend: A backend name or alias (``"torch"``, ``"tf"``, ``"jax"``, ``"cupy"``,
+            ``"nvml"``, a plug-in's name).
+
+    Returns:
+        ``{feature: Support}`` for every feature (``"fraction"``, ``"growth"``,
+        ``"allocator.async"``, ``"stats.peak"``, ``"reset_peak"``, ``"clear_cache"``,
+        ``"precision.bf16"``, ``"oom"``, ``"batch_size"``, ...), unsupported ones
+        included, each with its level, API, when it must be asked for, and a note.
+
+    Raises:
+        ConfigError: ``backend`` is not a known backend name.
+
+    Example:
+        ```python
+        for feature, support in unimem.capabilities("tensorflow").items():
+            print(feature, support.level, support.when, support.api)
+        ```
+    """
     return registry.capability_table(backend)
 
 
 def summary(backend: str | None = None, device: int = 0) -> str:
     """``stats()`` as a readable table, with fragmentation where the backend can tell
-    (torch's comes from its memory snapshot, too slow for ``stats()`` itself)."""
+    (torch's comes from its memory snapshot, too slow for ``stats()`` itself).
+
+    Args:
+        backend: A backend name or alias, or None (default) for the query rule of
+            ``stats()``.
+        device: The device index (default 0).
+
+    Returns:
+        A title line naming the backend, the device and the framework's phase, then one
+        line per figure; unknown figures read ``n/a``.
+
+    Raises:
+        ConfigError: As from ``stats()``: a bad device index, an unknown backend, or two
+            candidates for ``backend=None``.
+        BackendUnavailable: As from ``stats()``: the named framework (or, named
+            explicitly, NVML) is not available.
+
+    Example:
+        ```python
+        print(unimem.summary("torch"))
+        ```
+    """
     from .pool_fragmentation import with_fragmentation
 
     snapshot = with_fragmentation(stats(backend, device))

@@ -11,13 +11,21 @@ __all__ = ["Action", "Applied"]
 
 @dataclass(frozen=True)
 class Action:
-    """One setting for one backend.
+    """One setting for one backend, as ``configure`` applied it.
 
-    ``method`` is ``"api"`` (a framework call made now), ``"env"`` (an environment
-    variable the framework reads), ``"hook"`` (an API call unimem makes when the
-    framework starts) or ``"none"``. ``status`` is ``"applied"`` (in effect now),
-    ``"pending"`` (takes effect when the framework starts), ``"unchanged"`` (it
-    already was so) or ``"skipped"`` (not applied: see ``note``).
+    Attributes:
+        backend (str): The backend the setting was for (``"torch"``, ``"jax"``, ...).
+        setting (str): The setting (``"fraction"``, ``"limit"``, ``"growth"``,
+            ``"allocator"``, ``"devices"``).
+        value (Any): The value asked for (a limit in bytes).
+        method (str): ``"api"`` (a framework call made now), ``"env"`` (an environment
+            variable the framework reads), ``"hook"`` (an API call unimem makes when the
+            framework starts) or ``"none"``.
+        target (str): The exact call or ``VAR=value`` it was made with.
+        status (str): ``"applied"`` (in effect now), ``"pending"`` (takes effect when the
+            framework starts), ``"unchanged"`` (it already was so) or ``"skipped"`` (not
+            applied: see ``note``).
+        note (str): Why it was skipped, or what else to know; empty if nothing.
     """
 
     backend: str
@@ -31,7 +39,22 @@ class Action:
 
 @dataclass(frozen=True)
 class Applied:
-    """The outcome of one ``configure`` call. ``str()`` prints a table."""
+    """The outcome of one ``configure`` call. ``str()`` prints a table.
+
+    Iterating gives the ``Action`` objects in order; ``len()`` counts them.
+
+    Attributes:
+        actions (tuple[Action, ...]): One entry per backend and setting, in order.
+        backends (tuple[str, ...]): The backends the call configured.
+
+    Example:
+        ```python
+        applied = unimem.configure(backend="jax", fraction=0.3, growth=True)
+        print(applied)  # backend, setting, value, status, how
+        for action in applied.pending:
+            print(action.target)  # e.g. XLA_CLIENT_MEM_FRACTION=0.3
+        ```
+    """
 
     actions: tuple[Action, ...]
     backends: tuple[str, ...]
@@ -43,20 +66,45 @@ class Applied:
         return len(self.actions)
 
     def for_backend(self, backend: str) -> list[Action]:
+        """The actions for one backend.
+
+        Args:
+            backend: A canonical backend name (``"tensorflow"``, not ``"tf"``).
+
+        Returns:
+            Its actions, in order; empty if the call did not configure it.
+        """
         return [a for a in self.actions if a.backend == backend]
 
     def get(self, backend: str, setting: str) -> list[Action]:
+        """The actions for one backend and setting.
+
+        Args:
+            backend: A canonical backend name (``"tensorflow"``, not ``"tf"``).
+            setting: The setting (``"fraction"``, ``"growth"``, ...).
+
+        Returns:
+            Its actions (one setting may take several, e.g. a variable set and its other
+            name unset); empty if there are none.
+        """
         return [a for a in self.actions if a.backend == backend and a.setting == setting]
 
     @property
     def pending(self) -> list[Action]:
+        """The actions that take effect when the framework starts (status ``"pending"``)."""
         return [a for a in self.actions if a.status == "pending"]
 
     @property
     def skipped(self) -> list[Action]:
+        """The actions not applied (status ``"skipped"``); each ``note`` says why."""
         return [a for a in self.actions if a.status == "skipped"]
 
     def as_dict(self) -> dict[str, Any]:
+        """The outcome as plain data, JSON-ready.
+
+        Returns:
+            ``{"backends": [...], "actions": [{"backend": ..., "setting": ..., ...}, ...]}``.
+        """
         return {"backends": list(self.backends), "actions": [asdict(a) for a in self.actions]}
 
     def __str__(self) -> str:

@@ -20,13 +20,34 @@ __all__ = [
 
 
 class UnimemError(Exception):
-    """Base class of every error unimem raises."""
+    """Base class of every error unimem raises.
+
+    Catch it to handle any unimem error at once; each subclass is also the builtin
+    exception a user already catches (``ValueError``, ``RuntimeError``, ...).
+    """
 
 
 class ConfigError(UnimemError, ValueError):
     """A setting is invalid. Raised before anything is changed.
 
-    ``parameter`` names the offending argument (``"fraction"``, ``"limit"``, ...).
+    Also a ``ValueError``. The message reads ``"<parameter>: <what is wrong>"``; for
+    ``configure_from_env`` the parameter is the environment variable
+    (``"UNIMEM_FRACTION: ..."``).
+
+    Args:
+        parameter: The offending argument (``"fraction"``, ``"limit"``, ...).
+        message: What is wrong with it and what to pass instead.
+
+    Attributes:
+        parameter (str): The offending argument (``"fraction"``, ``"limit"``, ...).
+
+    Example:
+        ```python
+        try:
+            unimem.configure(backend="torch", fraction=1.5)
+        except unimem.ConfigError as exc:
+            print(exc.parameter)  # "fraction"; nothing was changed
+        ```
     """
 
     def __init__(self, parameter: str, message: str) -> None:
@@ -37,7 +58,19 @@ class ConfigError(UnimemError, ValueError):
 class TooLateError(UnimemError, RuntimeError):
     """A setting can no longer take effect because the framework already started.
 
-    ``backend`` and ``setting`` say which; the message says what to do instead.
+    Also a ``RuntimeError``. Raised by ``configure`` with ``strict=True`` (the default);
+    with ``strict=False`` the setting is skipped with a ``UnimemWarning`` instead. The
+    message says what to do instead (usually: call ``unimem.configure`` before the
+    framework's import or first op, or restart the process).
+
+    Args:
+        backend: The backend the setting was for.
+        setting: The setting (``"fraction"``, ``"growth"``, ...).
+        message: Why it is too late, and the fix.
+
+    Attributes:
+        backend (str): The backend the setting was for.
+        setting (str): The setting that can no longer take effect.
     """
 
     def __init__(self, backend: str, setting: str, message: str) -> None:
@@ -47,11 +80,31 @@ class TooLateError(UnimemError, RuntimeError):
 
 
 class BackendUnavailable(UnimemError, ImportError):
-    """A backend's framework (or NVML) is not installed or cannot be loaded."""
+    """A backend's framework (or NVML) is not installed or cannot be loaded.
+
+    Also an ``ImportError``. The message names the missing module and what to install
+    (``pip install 'unimem[torch]'``, ...), or, for NVML, why the driver library could
+    not be loaded.
+    """
 
 
 class UnsupportedFeature(UnimemError, NotImplementedError):
-    """The backend cannot do this at all, in any phase."""
+    """The backend cannot do this at all, in any phase.
+
+    Also a ``NotImplementedError``. ``unimem.capabilities(backend)`` lists what each
+    backend supports; the message names an alternative where there is one. From
+    ``configure`` with ``strict=False`` the setting is skipped with a ``UnimemWarning``
+    instead.
+
+    Args:
+        backend: The backend that cannot do it.
+        feature: The feature or setting (``"allocator"``, ``"reset_peak"``, ...).
+        message: Why not, and what to use instead.
+
+    Attributes:
+        backend (str): The backend that cannot do it.
+        feature (str): The feature or setting it cannot do.
+    """
 
     def __init__(self, backend: str, feature: str, message: str) -> None:
         self.backend = backend
@@ -62,7 +115,17 @@ class UnsupportedFeature(UnimemError, NotImplementedError):
 class OutOfMemory(UnimemError, MemoryError):
     """A framework ran out of memory; ``report`` says what held it.
 
-    The framework's own error is chained as ``__cause__``.
+    Also a ``MemoryError``. Raised by ``oom_guard`` (with the message ``str(report)``)
+    and by ``find_batch_size`` when no batch size fits. The framework's own error is
+    chained as ``__cause__``.
+
+    Args:
+        message: The error's text.
+        report: The ``OOMReport`` explaining the failure, or None.
+
+    Attributes:
+        report (OOMReport | None): What the failed allocation asked for, what held memory,
+            and ranked suggestions; None where no report could be made.
     """
 
     def __init__(self, message: str, report: Any = None) -> None:
@@ -71,4 +134,11 @@ class OutOfMemory(UnimemError, MemoryError):
 
 
 class UnimemWarning(UserWarning):
-    """A setting was not applied (``strict=False``) or has nothing to act on."""
+    """A setting was not applied (``strict=False``) or has nothing to act on.
+
+    A ``UserWarning``, issued through ``warnings.warn``: for example a ``configure``
+    setting skipped as too late or unsupported under ``strict=False``, a
+    ``clear_cache`` the framework cannot do, or a ``find_batch_size`` search that ran
+    out of trials. Turn it into an error with
+    ``warnings.simplefilter("error", unimem.UnimemWarning)``.
+    """

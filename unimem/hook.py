@@ -31,13 +31,42 @@ __all__ = ["MemoryHook"]
 class MemoryHook:
     """Per-step memory, recorded when ``step()`` is called.
 
-    - ``every``: record one sample per ``every`` steps (the peak covers all of them);
-      the steps in between cost one integer increment.
-    - ``max_samples``: bound on memory; past it the series is decimated, peaks kept.
+    For a hand-written training loop: call ``hook.step()`` once per training step, in the
+    training thread. It reads the allocator right there (no background thread, nothing
+    fighting for the GIL) and records, per step, the memory at the step's end and the
+    peak during it (exact on torch; on JAX a lower bound unless the process peak rose,
+    see ``track``).
 
     Each step's figures are also in ``last`` (a ``Tracked``: ``peak``, ``delta``,
     ``duration``, ``start``/``end`` stats). The first ``step()`` opens the first
     interval; it records nothing.
+
+    Args:
+        backend: A backend name or alias, or None (default) for the query rule of
+            ``stats()``, resolved at the first ``step()``.
+        device: The device index (default 0).
+        every: Record one sample per ``every`` steps (default 1; the peak covers all of
+            them); the steps in between cost one integer increment.
+        max_samples: Bound on memory (at least 100, default 20000); past it the series
+            is decimated, peaks kept.
+
+    Attributes:
+        every (int): Steps per recorded sample.
+        steps (int): ``step()`` calls so far.
+        last (Tracked | None): The figures of the last recorded step; None before one.
+
+    Raises:
+        ConfigError: ``every`` is not a positive int, ``max_samples`` is under 100,
+            ``backend`` is unknown, or ``device`` is not an index of 0 or more.
+
+    Example:
+        ```python
+        hook = unimem.MemoryHook()
+        for batch in data:
+            train_step(batch)
+            hook.step()
+        hook.plot("memory.png")
+        ```
     """
 
     def __init__(
@@ -70,7 +99,19 @@ class MemoryHook:
             return None
 
     def step(self) -> Tracked | None:
-        """End of a training step. Returns the figures when this step recorded them."""
+        """End of a training step. Returns the figures when this step recorded them.
+
+        Returns:
+            The step's figures (peak, delta, duration, end stats) when this step recorded
+            a sample; None for the first call (it opens the first interval) and for the
+            steps between samples.
+
+        Raises:
+            ConfigError: At the first call, with ``backend=None``, two frameworks are
+                candidates: pass ``backend=``.
+            BackendUnavailable: At the first call, the named backend's framework is not
+                installed.
+        """
         self.steps += 1
         if not self._open:
             self._started = time.time()
@@ -103,7 +144,16 @@ class MemoryHook:
         return tracked
 
     def mark(self, label: str) -> None:
-        """An event on the timeline (an epoch, an evaluation)."""
+        """An event on the timeline (an epoch, an evaluation).
+
+        Carries the figures of the last recorded step (None before one).
+
+        Args:
+            label: The event's name, drawn on the plot.
+
+        Raises:
+            ConfigError: ``label`` is not a string.
+        """
         if not isinstance(label, str):
             raise ConfigError("label", f"expected a string, got {label!r}")
         end = self.last.end if self.last is not None else None
@@ -117,10 +167,13 @@ class MemoryHook:
 
     @property
     def samples(self) -> list[Sample]:
+        """The recorded steps' samples (source ``"step"``), in order."""
         return self._series.items()
 
     @property
     def recording(self) -> Recording:
+        """The steps so far as a ``Recording``: samples, marks, and meta (backend, device,
+        ``every``, cap, decimation, notes)."""
         meta = {
             "backend": self._tracked.backend,
             "device": self._tracked.device,
@@ -133,10 +186,35 @@ class MemoryHook:
         return Recording(self.samples, list(self._marks), meta)
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
+        """Save the recording as CSV (see ``Recording.to_csv``).
+
+        Args:
+            path: The file to write; its folder is created.
+
+        Returns:
+            The path written.
+        """
         return self.recording.to_csv(path)
 
     def to_json(self, path: str | os.PathLike[str]) -> Path:
+        """Save the recording as JSON (see ``Recording.to_json``); ``load_recording`` reads it back.
+
+        Args:
+            path: The file to write; its folder is created.
+
+        Returns:
+            The path written.
+        """
         return self.recording.to_json(path)
 
     def plot(self, path: str | os.PathLike[str], **kwargs: Any) -> Path:
+        """Save the recording as a PNG timeline (see ``Recording.plot``).
+
+        Args:
+            path: The file to write; its folder is created.
+            **kwargs: ``title``, ``figsize``, ``dpi``, as ``Recording.plot`` takes them.
+
+        Returns:
+            The path written.
+        """
         return self.recording.plot(path, **kwargs)

@@ -92,6 +92,26 @@ class LossScaler(ABC):
     ``tf.function`` it is the framework's boolean scalar (a Python ``if`` cannot
     branch on a traced value there: use ``jnp.where`` / ``lax.cond``, or let
     AutoGraph turn the ``if`` into ``tf.cond``).
+
+    An overflow multiplies the scale by ``backoff_factor`` and skips the step;
+    ``growth_interval`` finite steps in a row multiply it by ``growth_factor``. Each
+    framework's scaler (in ``unimem.backends.<framework>.precision``) subclasses this
+    one and keeps exactly these semantics, so one training loop serves all of them.
+
+    Attributes:
+        config (ScalerConfig): The four numbers: ``initial_scale``, ``growth_factor``,
+            ``backoff_factor``, ``growth_interval``.
+        backend (str): The framework the scaler is for.
+
+    Example:
+        ```python
+        scaler = policy.loss_scaler()
+        grads = gradient_of(scaler.scale(loss))
+        grads, finite = scaler.unscale(grads)
+        if finite:
+            apply(grads)
+        scaler.update(finite)
+        ```
     """
 
     def __init__(self, config: ScalerConfig, backend: str) -> None:
@@ -115,17 +135,37 @@ class LossScaler(ABC):
 
     @abstractmethod
     def scale(self, loss: Any) -> Any:
-        """``loss`` in float32 times the current scale: differentiate this one."""
+        """``loss`` in float32 times the current scale: differentiate this one.
+
+        Args:
+            loss: The loss, a scalar tensor or array of the framework.
+
+        Returns:
+            The scaled loss, in float32 (``loss`` itself when the scaler is disabled).
+        """
 
     @abstractmethod
     def unscale(self, grads: Any) -> tuple[Any, Any]:
         """``(grads / scale, finite)``; ``grads`` is any nesting of lists, tuples and
-        dicts of gradients (``None`` entries pass through)."""
+        dicts of gradients (``None`` entries pass through).
+
+        Args:
+            grads: The gradients of the scaled loss.
+
+        Returns:
+            The gradients divided by the scale, in the same structure, and whether all of
+            them are finite (a ``bool`` eagerly, the framework's boolean scalar when
+            traced). Disabled: ``grads`` untouched and True, without looking at them.
+        """
 
     @abstractmethod
     def update(self, finite: Any) -> None:
         """After the step: shrink the scale if ``finite`` is false, grow it after
-        ``growth_interval`` good steps in a row."""
+        ``growth_interval`` good steps in a row.
+
+        Args:
+            finite: What ``unscale`` returned for this step's gradients.
+        """
 
     def __repr__(self) -> str:
         return (

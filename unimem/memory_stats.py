@@ -19,16 +19,34 @@ __all__ = ["MemoryStats"]
 class MemoryStats:
     """A snapshot of one device's memory as one backend (and NVML) sees it.
 
-    Byte counts are ``int`` or ``None`` (unknown here).
+    Returned by ``unimem.stats()``. Byte counts are ``int`` bytes, or ``None`` when the
+    figure is unknown here (the framework does not keep it, its device runtime has not
+    started, no GPU, no NVML): never 0 and never a guess. ``capabilities(backend)`` says
+    which figures each backend keeps. Frozen: fields cannot be assigned.
 
-    - ``allocated``: bytes in live tensors/arrays.
-    - ``reserved``: bytes the framework's pool holds from the device.
-    - ``peak_allocated`` / ``peak_reserved``: highest values since start or ``reset_peak()``.
-    - ``limit``: most the framework will take (a cap, or its pool limit).
-    - ``largest_free_block``: biggest contiguous free block inside the pool.
-    - ``num_allocs`` / ``num_ooms``: allocation calls and out-of-memory events counted.
-    - ``device_total`` / ``device_free``: the driver's figures for the whole device.
-    - ``process_used``: NVML's figure for this process on that device.
+    Attributes:
+        backend (str): The backend whose figures these are (``"torch"``, ``"nvml"``, ...).
+        device (int): The device index, as the backend counts devices.
+        allocated (int | None): Bytes in live tensors/arrays.
+        reserved (int | None): Bytes the framework's pool holds from the device.
+        peak_allocated (int | None): Highest ``allocated`` since start or ``reset_peak()``, in bytes.
+        peak_reserved (int | None): Highest ``reserved`` since start or ``reset_peak()``, in bytes.
+        limit (int | None): Most the framework will take, in bytes (a cap, or its pool limit).
+        largest_free_block (int | None): Biggest contiguous free block inside the pool, in bytes.
+        num_allocs (int | None): Allocation calls counted.
+        num_ooms (int | None): Out-of-memory events counted.
+        device_total (int | None): The driver's total for the whole device, in bytes.
+        device_free (int | None): The driver's free bytes on the whole device.
+        process_used (int | None): NVML's figure for this process on that device, in bytes.
+        timestamp (float): When the snapshot was taken (Unix time, seconds).
+
+    Example:
+        ```python
+        snapshot = unimem.stats("torch")
+        if snapshot.allocated is not None:  # None: unknown, e.g. on the CPU
+            print(unimem.format_bytes(snapshot.allocated))
+        print(snapshot.as_dict())
+        ```
     """
 
     backend: str
@@ -91,9 +109,9 @@ class MemoryStats:
     def fragmentation(self) -> float | None:
         """Share of the pool's free bytes that the largest free block cannot use.
 
-        ``0`` means all free pool memory is one block; near ``1`` means it is in
-        pieces too small for a large request. ``None`` when the pool's free bytes or
-        its largest block are unknown.
+        ``0`` means all free pool memory is one block (or none is free); near ``1`` means
+        it is in pieces too small for a large request. ``None`` when the pool's free bytes
+        (``reserved - allocated``) or its largest block are unknown.
         """
         if self.reserved is None or self.allocated is None or self.largest_free_block is None:
             return None
@@ -103,13 +121,23 @@ class MemoryStats:
         return max(0.0, min(1.0, 1.0 - self.largest_free_block / free_in_pool))
 
     def as_dict(self) -> dict[str, Any]:
-        """Every field plus ``fragmentation``, JSON-ready."""
+        """Every field plus ``fragmentation``, JSON-ready.
+
+        Returns:
+            ``{field: value}`` for every field, and ``"fragmentation"``; unknown figures
+            are None (``null`` in JSON).
+        """
         data = dataclasses.asdict(self)
         data["fragmentation"] = self.fragmentation
         return data
 
     def rows(self) -> list[tuple[str, str]]:
-        """``(label, value)`` pairs for tables; unknown figures read ``n/a``."""
+        """The figures as ``(label, value)`` pairs for tables, as ``unimem.summary()`` prints them.
+
+        Returns:
+            One pair per figure (fragmentation included, backend, device and timestamp
+            left out), values formatted with ``format_bytes``; unknown figures read ``n/a``.
+        """
         fragmentation = self.fragmentation
         return [
             ("allocated", format_bytes(self.allocated)),

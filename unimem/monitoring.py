@@ -47,6 +47,7 @@ from typing import IO, Any
 from . import registry
 from .config import check_device
 from .errors import BackendUnavailable, ConfigError, UnimemError
+from .memory_stats import MemoryStats
 from .recording import (
     SOURCE_DEVICE,
     SOURCE_FRAMEWORK,
@@ -57,7 +58,6 @@ from .recording import (
     Sample,
     merge_samples,
 )
-from .memory_stats import MemoryStats
 from .tracking import read_stats, resolve_query
 
 __all__ = ["MIN_FRAMEWORK_INTERVAL", "MIN_INTERVAL", "Monitor", "counter_reader", "monitor"]
@@ -106,6 +106,31 @@ class Monitor:
     After (or during) the run: ``samples``, ``marks``, ``recording``, ``to_csv()``,
     ``to_json()``, ``plot()``. Sample sources: ``"device"`` (NVML and host RSS, from the
     sampler process) and ``"framework"`` (allocator counters, from this process).
+    Made by ``unimem.monitor()``, which takes the same arguments and documents them.
+    A monitor runs once.
+
+    Args:
+        interval: Seconds between NVML/host samples (≥ 0.001).
+        backend: A backend name or alias, or None for the query rule of ``stats()``.
+        device: The device index.
+        framework_interval: Seconds between allocator-counter samples (``"auto"``, a
+            number ≥ 0.01, or None: only at ``mark()``).
+        max_samples: Samples kept per stream (at least 100).
+        probe: ``"module:factory"`` run in the sampler process instead of NVML, or None.
+
+    Attributes:
+        interval (float): Seconds between NVML/host samples.
+        framework_interval (float | None): Seconds between allocator-counter samples;
+            None: only at ``mark()``.
+        backend (str | None): The backend whose counters are read, set at ``start()``;
+            None when no framework is in use.
+        device (int): The device index.
+        max_samples (int): Samples kept per stream.
+        start_stats (MemoryStats | None): ``stats()`` at ``start()``.
+        end_stats (MemoryStats | None): ``stats()`` at ``stop()``.
+
+    Raises:
+        ConfigError: An argument is invalid (see ``unimem.monitor()``).
     """
 
     def __init__(
@@ -161,10 +186,28 @@ class Monitor:
     # --- lifecycle ---------------------------------------------------------------
     @property
     def running(self) -> bool:
+        """Whether the monitor has started and not yet stopped."""
         return self._started is not None and self._stopped is None
 
     def start(self) -> Monitor:
-        """Start sampling; returns self. A monitor runs once."""
+        """Start sampling; returns self. A monitor runs once.
+
+        Resolves the backend, reads ``start_stats``, launches the sampler process and,
+        unless ``framework_interval`` is None or no framework is in use, the thread that
+        reads the allocator counters. Never starts a framework's device runtime.
+
+        Returns:
+            The monitor itself.
+
+        Raises:
+            UnimemError: The monitor was already started (create a new
+                ``unimem.monitor()`` for another run), or the sampler process did not
+                start (the message quotes its error output).
+            ConfigError: With ``backend=None``, two frameworks are candidates: pass
+                ``backend=``.
+            BackendUnavailable: The named backend's framework (or, named explicitly,
+                NVML) is not available.
+        """
         if self._started is not None:
             raise UnimemError("this monitor was already started; create a new unimem.monitor() for another run")
         name = resolve_query(self._requested)  # None: no framework in use, the framework-free view
@@ -280,6 +323,12 @@ class Monitor:
         """Stop sampling (within one interval), collect the samples; returns the recording.
 
         Leaves no thread and no process behind. Calling it again is harmless.
+
+        Returns:
+            The run's samples, marks and meta (cap, interval, notes).
+
+        Raises:
+            UnimemError: The monitor was never started.
         """
         if self._started is None:
             raise UnimemError("this monitor was never started")
@@ -357,7 +406,19 @@ class Monitor:
                 add(sample)
 
     def mark(self, label: str) -> Mark:
-        """Record an event (an epoch, a phase) with the allocator's figures now."""
+        """Record an event (an epoch, a phase) with the allocator's figures now.
+
+        Reads the counters in the caller's thread; figures unknown here are None.
+
+        Args:
+            label: The event's name, drawn on the plot.
+
+        Returns:
+            The mark recorded.
+
+        Raises:
+            ConfigError: ``label`` is not a string.
+        """
         if not isinstance(label, str):
             raise ConfigError("label", f"expected a string, got {label!r}")
         allocated = reserved = None
@@ -399,11 +460,14 @@ class Monitor:
 
     @property
     def marks(self) -> list[Mark]:
+        """Every mark kept so far (the latest ``max_samples``), in order."""
         with self._lock:
             return list(self._marks)
 
     @property
     def recording(self) -> Recording:
+        """The run so far as a ``Recording``: samples, marks, and meta (backend, device,
+        intervals, cap, device total, decimation, notes)."""
         samples = self.samples
         limit = None
         device_total = None
@@ -435,15 +499,41 @@ class Monitor:
 
     @property
     def gaps(self) -> list[tuple[float, str]]:
+        """``(time, error)`` of every failed reading (a gap in the data)."""
         return self.recording.gaps
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
+        """Save the recording as CSV (see ``Recording.to_csv``).
+
+        Args:
+            path: The file to write; its folder is created.
+
+        Returns:
+            The path written.
+        """
         return self.recording.to_csv(path)
 
     def to_json(self, path: str | os.PathLike[str]) -> Path:
+        """Save the recording as JSON (see ``Recording.to_json``); ``load_recording`` reads it back.
+
+        Args:
+            path: The file to write; its folder is created.
+
+        Returns:
+            The path written.
+        """
         return self.recording.to_json(path)
 
     def plot(self, path: str | os.PathLike[str], **kwargs: Any) -> Path:
+        """Save the recording as a PNG timeline (see ``Recording.plot``).
+
+        Args:
+            path: The file to write; its folder is created.
+            **kwargs: ``title``, ``figsize``, ``dpi``, as ``Recording.plot`` takes them.
+
+        Returns:
+            The path written.
+        """
         return self.recording.plot(path, **kwargs)
 
     # --- Prometheus ------------------------------------------------------------------
@@ -453,6 +543,19 @@ class Monitor:
         Loopback only unless ``host`` says otherwise. Figures are read when scraped
         (allocator counters in this process, the newest sampler reading). Needs
         ``prometheus-client``; stops with the monitor.
+
+        Args:
+            port: The TCP port to listen on, 0-65535 (default 9400; 0: any free port).
+            host: The address to bind (default ``"127.0.0.1"``, loopback only).
+
+        Returns:
+            The port bound.
+
+        Raises:
+            UnimemError: The monitor is not running: start it first.
+            ConfigError: ``port`` or ``host`` is invalid, or the port cannot be listened
+                on: pick another port.
+            BackendUnavailable: ``prometheus-client`` is not installed.
         """
         if not self.running:
             raise UnimemError("start the monitor before serving its metrics")
@@ -492,14 +595,49 @@ def monitor(
 ) -> Monitor:
     """A background memory timeline; use as ``with unimem.monitor(0.01) as m:`` or ``.start()``/``.stop()``.
 
-    - ``interval``: seconds between NVML/host samples (≥ 0.001), read in a separate process.
-    - ``framework_interval``: seconds between allocator-counter samples in this process;
-      ``"auto"`` = ``max(interval, 0.1)``, at least 0.01, ``None`` = only at ``mark()``.
-    - ``max_samples``: per stream; longer runs are decimated, peaks kept.
-    - ``probe``: ``"module:factory"`` run in the sampler process instead of NVML (see
-      ``unimem.monitor_sampler``).
+    NVML (device used/total, this process's usage) and this process's host RSS are read
+    by a separate sampler process, so polling does not fight the training thread for the
+    GIL; the framework's allocator counters are read by a thread in this process, with
+    the cheapest accessor each framework has. NVML errors during the run are gaps
+    (samples with ``error`` set), counted in the notes; without NVML or a GPU the
+    timeline has the framework's figures (None on the CPU) and host RSS, and the notes
+    say why.
 
     Everything is validated here; nothing starts until ``start()`` or ``with``.
+
+    Args:
+        interval: Seconds between NVML/host samples (≥ 0.001, default 0.1), read in a
+            separate process.
+        backend: A backend name or alias, or None (default) for the query rule of
+            ``stats()``, resolved at ``start()`` (no framework in use: host and NVML
+            figures only).
+        device: The device index (default 0).
+        framework_interval: Seconds between allocator-counter samples in this process;
+            ``"auto"`` (default) = ``max(interval, 0.1)``; at least 0.01; ``None`` = only
+            at ``mark()``.
+        max_samples: Samples kept per stream (at least 100, default 20000); longer runs
+            are decimated (neighbouring pairs merge, peaks and gaps kept) and marks keep
+            the latest ``max_samples``.
+        probe: ``"module:factory"`` run in the sampler process instead of NVML (see
+            ``unimem.monitor_sampler``); None (default): NVML.
+
+    Returns:
+        The monitor, not yet started.
+
+    Raises:
+        ConfigError: An interval is not a positive number or under its floor,
+            ``backend`` is unknown, ``device`` is not an index of 0 or more,
+            ``max_samples`` is under 100, or ``probe`` is not ``"module:factory"``.
+
+    Example:
+        ```python
+        with unimem.monitor(0.01) as m:
+            for epoch in range(3):
+                m.mark(f"epoch {epoch}")
+                train_one_epoch()
+        m.to_json("memory.json")
+        m.plot("memory.png")
+        ```
     """
     return Monitor(
         interval,

@@ -146,17 +146,51 @@ def oom_guard(
     as ``__cause__`` and a ``report`` (``unimem.OOMReport``): the stats at the failure,
     the bytes asked for when the message says, fragmentation, the largest live
     tensors/arrays, other frameworks' pools in this process, and ranked suggestions.
-    Its message is ``str(report)``.
+    Its message is ``str(report)``. An ``OutOfMemory`` raised by an inner guard passes
+    through unchanged.
 
-    - ``backend``: the framework the step runs on; default: the one that raised.
-    - ``batch_size``: the step's batch size, for an exact "smaller batch × accumulation
-      steps" suggestion that keeps the global batch.
-    - ``mixed_precision``: say whether it is already on; default: find out where the
-      framework tells (Keras's global policy, torch autocast, the live tensors' dtypes).
-    - ``top``: how many of the largest live tensors to list.
-    - ``keep_frames``: keep the failed step's local variables alive (for a debugger).
-      By default they are dropped once the report is made: the traceback would
-      otherwise keep the failed step's tensors, and their memory, alive.
+    Args:
+        backend: The framework the step runs on (a name or alias); None (default): the
+            one that raised. Used bare as ``@unimem.oom_guard``, this is the decorated
+            function.
+        device: The device index the step runs on (default 0), for the report's figures.
+        batch_size: The step's batch size, for an exact "smaller batch × accumulation
+            steps" suggestion that keeps the global batch; None (default) if unknown.
+        mixed_precision: Say whether it is already on; None (default): find out where
+            the framework tells (Keras's global policy, torch autocast, the live tensors'
+            dtypes).
+        top: How many of the largest live tensors to list (default 10; 0 lists none,
+            counts and totals are still given).
+        keep_frames: Keep the failed step's local variables alive (for a debugger).
+            By default (False) they are dropped once the report is made: the traceback
+            would otherwise keep the failed step's tensors, and their memory, alive.
+
+    Returns:
+        A guard usable as a context manager and as a decorator; used bare as
+        ``@unimem.oom_guard``, the decorated function itself, guarded.
+
+    Raises:
+        ConfigError: An argument is invalid (an unknown backend, a device index below 0,
+            a batch size below 1, ``top`` below 0, a non-bool flag; or not an int where
+            one is expected); raised here, before the step runs.
+        OutOfMemory: Inside the guarded block or function, in place of any framework's
+            out-of-memory error; ``exc.report`` is the ``OOMReport``.
+
+    Example:
+        ```python
+        with unimem.oom_guard(batch_size=64):
+            train_step(batch)
+
+        @unimem.oom_guard
+        def step(batch):
+            ...
+
+        try:
+            step(batch)
+        except unimem.OutOfMemory as exc:
+            for suggestion in exc.report.suggestions:
+                print(suggestion.action)
+        ```
     """
     if callable(backend) and not isinstance(backend, str):
         function = backend

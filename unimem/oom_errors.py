@@ -89,7 +89,31 @@ def find_oom(exc: object) -> BaseException | None:
 def is_oom(exc: object) -> bool:
     """True when ``exc`` is, or wraps, an out-of-memory error of any framework.
 
-    Never imports a framework. See ``unimem.oom``'s docstring for what counts.
+    Never imports a framework. See ``unimem.oom``'s docstring for what counts: in short,
+    torch's ``OutOfMemoryError`` and its allocators' messages, TensorFlow's
+    ``ResourceExhaustedError`` and JAX's runtime errors with status
+    ``RESOURCE_EXHAUSTED`` when the message is about memory, CuPy's pool
+    ``OutOfMemoryError`` (and CUDA errors whose status is an allocation failure),
+    Python's ``MemoryError`` (so ``unimem.OutOfMemory``), and any of these as the
+    ``__cause__`` or ``__context__`` of another error or inside an ``ExceptionGroup``.
+    An interrupt or exit (``KeyboardInterrupt``, ``SystemExit``) never is one.
+
+    Args:
+        exc: Any object, usually the exception caught in an ``except`` block.
+
+    Returns:
+        True if ``exc`` or an error in its chain is an out-of-memory error; False
+        otherwise (also for anything that is not an ``Exception``).
+
+    Example:
+        ```python
+        try:
+            train_step(batch)
+        except Exception as exc:
+            if not unimem.is_oom(exc):
+                raise
+            batch = batch[: len(batch) // 2]
+        ```
     """
     return find_oom(exc) is not None
 

@@ -15,12 +15,12 @@ from typing import Any
 
 from . import api, registry
 from .live_objects import LiveMemory, LiveObject, scan
+from .memory_stats import MemoryStats
 from .oom_errors import _message, framework_of, requested_bytes
 from .oom_rules import HIGH_FRAGMENTATION, Context, PoolUse, Suggestion, Traits, suggest
 from .pool_fragmentation import Fragmentation, read
 from .precision import enabled_backends
 from .sizes import format_bytes
-from .memory_stats import MemoryStats
 
 __all__ = [
     "HIGH_FRAGMENTATION",
@@ -40,14 +40,36 @@ _FULL_DTYPES = ("float32", "float64", "double", "float")
 class OOMReport:
     """An out-of-memory failure explained. ``str()`` reads as a report; ``as_dict()`` is JSON-ready.
 
-    - ``framework``/``device``/``place``: who failed, where (``"cuda:0"``, ``"gpu:0"``, ``"cpu"``).
-    - ``requested_bytes``: what the failed allocation asked for, when the message says
-      (``requested_from`` quotes the words); None otherwise.
-    - ``stats``: ``unimem.stats`` at the failure; ``fragmentation``: the pool's free pieces.
-    - ``live``: the largest live tensors/arrays per framework on that device.
-    - ``other_pools``: what other frameworks in this process hold on the device.
-    - ``suggestions``: most promising first.
-    - ``notes``: what could not be read, and why.
+    Made by ``oom_guard`` (as ``OutOfMemory.report``) and by ``find_batch_size`` when even
+    batch size 1 does not fit, at the moment of failure. Gathering never raises: a figure
+    that cannot be read is None and ``notes`` says why. The report holds descriptions and
+    numbers only, never a tensor. Byte counts are ``int`` bytes.
+
+    Attributes:
+        framework (str | None): The backend that failed; None for an error no framework
+            raised (a plain ``MemoryError``).
+        device (int): The device index the report's figures are for.
+        place (str | None): Where the failed allocation was (``"cuda:0"``, ``"gpu:0"``,
+            ``"cpu"``, ``"mps"``); None if unknown.
+        error_type (str): The error's class, as ``module.QualifiedName``.
+        message (str): The error's text (shortened past 2000 characters).
+        requested_bytes (int | None): What the failed allocation asked for, when the
+            message says; None otherwise.
+        requested_from (str | None): The words ``requested_bytes`` was read from.
+        capacity (int | None): The most the failed allocation could have had: the cap
+            (``stats.limit``), else the device's total; host memory for a failure on the
+            CPU. None when neither is known.
+        stats (MemoryStats | None): ``unimem.stats`` at the failure.
+        fragmentation (Fragmentation | None): The pool's free pieces at the failure.
+        live (tuple[LiveMemory, ...]): The largest live tensors/arrays per framework on
+            that device, with counts and totals.
+        other_pools (tuple[PoolUse, ...]): What other frameworks in this process hold on
+            the device.
+        batch_size (int | None): The step's batch size, as given to ``oom_guard``.
+        mixed_precision (bool | None): Whether mixed precision was on (as told, or as
+            found); None if unknown.
+        suggestions (tuple[Suggestion, ...]): What to change, most promising first.
+        notes (tuple[str, ...]): What could not be read, and why.
     """
 
     framework: str | None
@@ -68,6 +90,13 @@ class OOMReport:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as plain data, JSON-ready.
+
+        Returns:
+            Every field; ``stats`` and ``fragmentation`` as their own ``as_dict()``,
+            ``other_pools`` with each pool's idle bytes, ``suggestions`` with their rank
+            (1 first), shapes as lists.
+        """
         data = dataclasses.asdict(self)
         data["stats"] = None if self.stats is None else self.stats.as_dict()
         data["fragmentation"] = None if self.fragmentation is None else self.fragmentation.as_dict()

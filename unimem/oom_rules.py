@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from . import registry
 from .live_objects import LiveMemory
+from .memory_stats import MemoryStats
 from .pool_fragmentation import Fragmentation
 from .sizes import format_bytes
-from .memory_stats import MemoryStats
 from .support import When
 
 __all__ = ["HIGH_FRAGMENTATION", "POOL_RULES", "RULES", "Context", "PoolUse", "Suggestion", "Traits", "suggest"]
@@ -33,7 +33,18 @@ _IDLE_POOL_WORTH = 1 << 30
 
 @dataclass(frozen=True)
 class Suggestion:
-    """One thing to change, with the evidence for it from this failure."""
+    """One thing to change, with the evidence for it from this failure.
+
+    An entry of ``OOMReport.suggestions``, which are ranked most promising first.
+
+    Attributes:
+        kind (str): A stable id to match on: ``"too-large"``, ``"free-other-pool"``,
+            ``"allocator"``, ``"raise-cap"``, ``"smaller-batch"``, ``"fresh-process"``,
+            ``"mixed-precision"`` or ``"checkpointing"``.
+        action (str): What to do, in one sentence.
+        why (str): The evidence for it from this failure's figures.
+        code (str | None): Code to do it in the failing framework; None when there is none.
+    """
 
     kind: str  # stable id: "too-large", "free-other-pool", "allocator", "raise-cap", "smaller-batch", ...
     action: str

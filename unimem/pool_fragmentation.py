@@ -15,8 +15,8 @@ from typing import Any
 
 from . import registry
 from .config import check_device
-from .sizes import format_bytes
 from .memory_stats import MemoryStats
+from .sizes import format_bytes
 
 __all__ = ["Fragmentation", "fragmentation", "with_fragmentation"]
 
@@ -27,7 +27,15 @@ class Fragmentation:
 
     ``share`` is the part of the pool's free bytes the largest free block cannot
     serve: 0 when the free space is one block (or there is none), near 1 when it is
-    in pieces too small for a large request.
+    in pieces too small for a large request. ``str()`` reads as one line.
+
+    Attributes:
+        backend (str): The backend whose pool this is.
+        device (int): The device index.
+        free_in_pool (int | None): Bytes the pool holds that no tensor uses.
+        largest_free_block (int | None): The largest contiguous free block, in bytes.
+        free_blocks (int | None): How many free pieces the pool holds.
+        source (str | None): The call the figures come from; None when there are none.
     """
 
     backend: str
@@ -39,6 +47,10 @@ class Fragmentation:
 
     @property
     def share(self) -> float | None:
+        """Part of the pool's free bytes the largest free block cannot serve, in [0, 1].
+
+        None when the free bytes or the largest block are unknown.
+        """
         if self.free_in_pool is None or self.largest_free_block is None:
             return None
         if self.free_in_pool <= 0:
@@ -46,6 +58,7 @@ class Fragmentation:
         return max(0.0, min(1.0, 1.0 - self.largest_free_block / self.free_in_pool))
 
     def as_dict(self) -> dict[str, Any]:
+        """Every field plus ``share``, JSON-ready (unknown figures are None)."""
         data = dataclasses.asdict(self)
         data["share"] = self.share
         return data
@@ -85,6 +98,30 @@ def fragmentation(backend: str | None = None, device: int = 0) -> Fragmentation:
     blocks, which is why ``stats()`` does not do it); JAX: XLA's own figures;
     TensorFlow and NVML: unknown (every figure None). Before the framework started its
     device runtime every figure is None. ``backend=None`` picks like ``stats()``.
+    ``capabilities(backend)["fragmentation"]`` says what each backend exposes.
+
+    Args:
+        backend: A backend name or alias, or None (default) for the query rule of
+            ``stats()`` (with no framework configured or started: the framework-free
+            view, every figure None).
+        device: The device index (default 0).
+
+    Returns:
+        The pool's free bytes, largest free block and number of free blocks (each None
+        where unknown), and ``share``, the part of the free bytes the largest block
+        cannot serve.
+
+    Raises:
+        ConfigError: ``device`` is not an index of 0 or more, ``backend`` is unknown, or,
+            with ``backend=None``, two frameworks are candidates: pass ``backend=``.
+        BackendUnavailable: The named backend's framework is not installed.
+
+    Example:
+        ```python
+        frag = unimem.fragmentation("torch")
+        print(frag)  # "torch device 0: ...% fragmented; ... free in the pool ..., largest block ..."
+        print(frag.share, frag.largest_free_block)  # None where unknown
+        ```
     """
     device = check_device(device)
     name = registry.resolve(backend, "query")

@@ -108,13 +108,25 @@ def enabled_backends() -> list[str]:
 
 
 class Policy:
-    """A mixed-precision policy for one framework.
+    """A mixed-precision policy for one framework; ``unimem.mixed_precision()`` makes one.
 
     ``compute_dtype`` / ``param_dtype`` / ``output_dtype`` are dtype names
     (``"bfloat16"``); ``dtype("compute")`` gives the framework's dtype object.
     ``enable()`` (or ``with policy:``) turns it on; ``disable()`` restores exactly what
     was in force before. ``loss_scaler()`` gives the uniform loss scaler (a no-op with
-    scale 1 unless ``loss_scaling``).
+    scale 1 unless ``loss_scaling``). Policies nest: disable the innermost first.
+
+    Attributes:
+        backend (str): The framework the policy is for.
+        device (str): Where computations run: ``"cuda"``, ``"cpu"``, ``"gpu"``, ...
+
+    Example:
+        ```python
+        policy = unimem.mixed_precision("fp16", backend="jax")
+        scaler = policy.loss_scaler()
+        params = policy.cast_to_param(params)
+        logits = policy.cast_to_output(model(policy.cast_to_compute(params), batch))
+        ```
     """
 
     def __init__(
@@ -131,30 +143,46 @@ class Policy:
     # --- what the policy is -------------------------------------------------------
     @property
     def precision(self) -> str:
+        """The precision's short name: ``"bf16"``, ``"fp16"`` or ``"fp32"``."""
         return self._precision.name
 
     @property
     def compute_dtype(self) -> str:
+        """The dtype name computations run in: ``"bfloat16"``, ``"float16"`` or ``"float32"``."""
         return self._precision.compute_dtype
 
     @property
     def param_dtype(self) -> str:
+        """The dtype name parameters are kept in: always ``"float32"``."""
         return PARAM_DTYPE
 
     @property
     def output_dtype(self) -> str:
+        """The dtype name outputs (the loss) come back in: always ``"float32"``."""
         return OUTPUT_DTYPE
 
     @property
     def loss_scaling(self) -> bool:
+        """Whether the loss is scaled: True for fp16 only."""
         return self._precision.loss_scaling
 
     @property
     def active(self) -> bool:
+        """Whether the policy is enabled now."""
         return self._restore is not None
 
     def dtype(self, which: str = "compute") -> Any:
-        """The framework's dtype object for ``"compute"``, ``"param"`` or ``"output"``."""
+        """The framework's dtype object for ``"compute"``, ``"param"`` or ``"output"``.
+
+        Args:
+            which: ``"compute"`` (default), ``"param"`` or ``"output"``.
+
+        Returns:
+            The framework's dtype object (``torch.bfloat16``, ``jnp.bfloat16``, ...).
+
+        Raises:
+            ConfigError: ``which`` is none of the three.
+        """
         names = {"compute": self.compute_dtype, "param": self.param_dtype, "output": self.output_dtype}
         if which not in names:
             raise ConfigError("which", f"expected 'compute', 'param' or 'output', got {which!r}")
@@ -163,16 +191,37 @@ class Policy:
     # --- casting (the whole policy in JAX; explicit control in torch and TF) --------
     def cast_to_compute(self, tree: Any) -> Any:
         """Floating-point leaves of ``tree`` (arrays, tensors, nested lists/tuples/dicts)
-        in the compute dtype; integer and boolean leaves (labels, masks) untouched."""
+        in the compute dtype; integer and boolean leaves (labels, masks) untouched.
+
+        Args:
+            tree: An array or tensor, or any nesting of lists, tuples and dicts of them.
+
+        Returns:
+            The same structure with its floating-point leaves cast.
+        """
         return self._helpers.cast(tree, self.compute_dtype)
 
     def cast_to_param(self, tree: Any) -> Any:
-        """Floating-point leaves of ``tree`` in the parameter dtype (float32)."""
+        """Floating-point leaves of ``tree`` in the parameter dtype (float32).
+
+        Args:
+            tree: An array or tensor, or any nesting of lists, tuples and dicts of them.
+
+        Returns:
+            The same structure with its floating-point leaves cast.
+        """
         return self._helpers.cast(tree, self.param_dtype)
 
     def cast_to_output(self, tree: Any) -> Any:
         """Floating-point leaves of ``tree`` in the output dtype (float32): cast model
-        outputs to it before computing a loss."""
+        outputs to it before computing a loss.
+
+        Args:
+            tree: An array or tensor, or any nesting of lists, tuples and dicts of them.
+
+        Returns:
+            The same structure with its floating-point leaves cast.
+        """
         return self._helpers.cast(tree, self.output_dtype)
 
     # --- on and off --------------------------------------------------------------------
@@ -182,6 +231,9 @@ class Policy:
         torch: enters ``torch.autocast`` in this thread (autocast state is per thread);
         tensorflow: sets the Keras global dtype policy, which layers built afterwards
         take; jax: marks it active (JAX has no global precision state).
+
+        Returns:
+            The policy itself.
         """
         with _lock:
             if self._restore is not None:
@@ -192,7 +244,14 @@ class Policy:
         return self
 
     def disable(self) -> None:
-        """Restore what was in force before ``enable()`` (no-op if not enabled)."""
+        """Restore what was in force before ``enable()`` (no-op if not enabled).
+
+        Raises:
+            UnimemError: Another policy for the same framework was enabled after this one
+                and is still on (policies nest: disable that one first); or the
+                framework's precision state is per thread (torch) and this is not the
+                thread that enabled it.
+        """
         with _lock:
             if self._restore is None:
                 return
@@ -230,7 +289,34 @@ class Policy:
         """The uniform dynamic loss scaler (see ``unimem.loss_scaling``).
 
         On for fp16; for bf16 and fp32 a no-op with scale 1. ``enabled=True`` scales
-        under any precision, ``enabled=False`` never.
+        under any precision, ``enabled=False`` never. The semantics are those of
+        ``torch.amp.GradScaler`` and Keras' ``LossScaleOptimizer``.
+
+        Args:
+            initial_scale: The scale to start at (default ``2**15``), more than 0.
+            growth_factor: What the scale is multiplied by after ``growth_interval``
+                finite steps in a row (default 2), more than 1.
+            backoff_factor: What the scale is multiplied by after a step whose gradients
+                overflowed (default 0.5), between 0 and 1.
+            growth_interval: Finite steps in a row before the scale grows (default 2000).
+            enabled: None (default): scale under fp16 only; True: always; False: never.
+
+        Returns:
+            The framework's scaler, with ``scale``, ``unscale`` and ``update``.
+
+        Raises:
+            ConfigError: A number is out of range or not a number (the error names it),
+                or ``enabled`` is not True, False or None.
+
+        Example:
+            ```python
+            scaler = policy.loss_scaler()
+            grads = gradient_of(scaler.scale(loss))
+            grads, finite = scaler.unscale(grads)
+            if finite:
+                apply(grads)
+            scaler.update(finite)
+            ```
         """
         config = ScalerConfig.build(initial_scale, growth_factor, backoff_factor, growth_interval)
         if enabled is not None and not isinstance(enabled, bool):
@@ -240,7 +326,21 @@ class Policy:
 
     def wrap_optimizer(self, optimizer: Any, *, initial_scale: float = 2.0**15, growth_interval: int = 2000) -> Any:
         """Keras only: under fp16 ``keras.optimizers.LossScaleOptimizer(optimizer, ...)``,
-        which scales inside ``model.fit``; otherwise ``optimizer`` itself."""
+        which scales inside ``model.fit``; otherwise ``optimizer`` itself.
+
+        Args:
+            optimizer: A Keras optimizer.
+            initial_scale: The scale to start at (default ``2**15``), more than 0.
+            growth_interval: Finite steps in a row before the scale grows (default 2000).
+
+        Returns:
+            The wrapped optimizer under fp16; ``optimizer`` unchanged otherwise.
+
+        Raises:
+            UnsupportedFeature: The framework has no optimizer that scales the loss
+                itself (torch, JAX): use ``policy.loss_scaler()`` in the training loop.
+            ConfigError: ``initial_scale`` or ``growth_interval`` is out of range.
+        """
         wrap = getattr(self._helpers, "wrap_optimizer", None)
         if wrap is None:
             raise UnsupportedFeature(
@@ -270,6 +370,36 @@ def mixed_precision(precision: str, backend: str | None = None) -> Policy:
 
     Imports the framework (it has to ask it what the device can do); on torch it
     does not start CUDA when NVML can answer, so ``configure()`` may still follow.
+
+    Parameters (and so gradients and optimizer state) always stay float32; loss scaling
+    is on for fp16 only (bf16 has float32's exponent range and does not underflow).
+
+    Args:
+        precision: ``"bf16"``, ``"fp16"`` or ``"fp32"``; the dtype names ``"bfloat16"``,
+            ``"float16"``/``"half"`` and ``"float32"``/``"float"`` say the same.
+        backend: A framework name or alias, or None (default): the framework named to
+            ``configure()``, else the one imported (not counting one another imported
+            module brought in itself).
+
+    Returns:
+        The policy, not yet enabled.
+
+    Raises:
+        ConfigError: ``precision`` is unknown, or the device cannot run it (the message
+            says why); ``backend`` is unknown; or, with ``backend=None``, no framework is
+            configured or imported yet, or several are: pass ``backend=``.
+        UnsupportedFeature: The backend runs no computation (``"nvml"``) or its
+            capability table says it has no such policy; the message lists the backends
+            that do.
+        BackendUnavailable: The framework is not installed; the message says what to
+            install.
+
+    Example:
+        ```python
+        policy = unimem.mixed_precision("bf16", backend="torch")
+        with policy:  # torch.autocast in this thread
+            loss = model(batch)
+        ```
     """
     chosen = _parse_precision(precision)
     name = _resolve_backend(backend)

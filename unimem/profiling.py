@@ -41,7 +41,26 @@ def _files_under(root: Path) -> set[Path]:
 
 
 class Profile:
-    """An open (or finished) profiler run; ``paths`` are the files it wrote."""
+    """An open (or finished) profiler run; ``paths`` are the files it wrote.
+
+    Made by ``unimem.profile()``, which takes the same arguments and documents them.
+
+    Args:
+        path: A directory (created) the profiler's files go under.
+        backend: A framework name or alias, or None for the action rule.
+        max_entries: torch only: the most allocator events kept.
+
+    Attributes:
+        path (Path): The directory the files go under.
+        backend (str | None): The framework profiled, set at ``start()`` (or the first
+            ``snapshot()``).
+        max_entries (int): torch only: the most allocator events kept.
+        paths (list[Path]): The files this profile wrote, set by ``stop()``.
+
+    Raises:
+        ConfigError: ``path`` is empty or an existing file, ``max_entries`` is not a
+            positive int, or ``backend`` is unknown.
+    """
 
     def __init__(
         self, path: str | os.PathLike[str], backend: str | None = None, *, max_entries: int = DEFAULT_MAX_ENTRIES
@@ -75,6 +94,18 @@ class Profile:
         return self._profiler
 
     def start(self) -> Profile:
+        """Start the framework's profiler (what entering ``with`` does).
+
+        Returns:
+            The profile itself.
+
+        Raises:
+            UnimemError: This profile is already running.
+            ConfigError: With ``backend=None``, no framework or several are configured
+                or imported: pass ``backend=``.
+            UnsupportedFeature: The backend has no memory profiler usable here.
+            BackendUnavailable: The framework is not installed.
+        """
         if self._open:
             raise UnimemError("this profile is already running")
         profiler = self._resolve()  # refuses before anything is created
@@ -85,7 +116,15 @@ class Profile:
         return self
 
     def stop(self) -> list[Path]:
-        """Stop the profiler and write its files; returns every file this profile wrote."""
+        """Stop the profiler and write its files; returns every file this profile wrote.
+
+        Returns:
+            The files written under ``path`` since ``start()``, sorted (also kept as
+            ``paths``).
+
+        Raises:
+            UnimemError: This profile is not running.
+        """
         if not self._open or self._profiler is None:
             raise UnimemError("this profile is not running")
         try:
@@ -96,7 +135,26 @@ class Profile:
         return self.paths
 
     def snapshot(self, label: str | None = None) -> Path:
-        """Write the profiler's picture of memory now (torch, JAX); returns the file."""
+        """Write the profiler's picture of memory now (torch, JAX); returns the file.
+
+        JAX: inside the block or outside it; torch: only while the profile runs (its
+        allocator history exists only then); TensorFlow takes no snapshot.
+
+        Args:
+            label: The file's stem, safe as a file name; None (default):
+                ``snapshot<N>-<unix time>``.
+
+        Returns:
+            The file written under ``path``.
+
+        Raises:
+            ConfigError: ``label`` is empty, not a string, or holds a path separator; or,
+                with ``backend=None``, no framework or several are configured or imported.
+            UnsupportedFeature: The backend has no memory profiler usable here, or takes
+                no snapshot.
+            UnimemError: torch, and the profile is not running: call ``start()`` first.
+            BackendUnavailable: The framework is not installed.
+        """
         profiler = self._resolve()
         if label is not None and (not isinstance(label, str) or not label or os.sep in label):
             raise ConfigError("label", f"expected a file-name-safe string, got {label!r}")
@@ -124,6 +182,39 @@ def profile(
 
     ``with unimem.profile("prof/") as p: train_step()`` then ``p.paths``. For a
     one-off picture of JAX or torch memory: ``p.snapshot()``. See the module doc for
-    the file each framework writes and how to open it.
+    the file each framework writes and how to open it:
+
+    - torch: the CUDA caching allocator's history, ``torch_memory_snapshot.pickle``
+      (open it at https://pytorch.org/memory_viz). CUDA only.
+    - JAX: ``jax.profiler.save_device_memory_profile`` (pprof format), written at the end
+      of the block and at each ``snapshot()``: the live buffers at that moment.
+    - TensorFlow: a TensorBoard trace with the memory profile tab.
+
+    Args:
+        path: A directory (created) the profiler's files go under.
+        backend: A framework name or alias, or None (default): the framework named to
+            ``configure()``, else the one imported (profiling is an action: it must know
+            its framework before anything has run).
+        max_entries: torch only: the most allocator events kept (the newest; default
+            100000).
+
+    Returns:
+        The profile, not yet started: use it with ``with``, or ``start()``/``stop()``.
+
+    Raises:
+        ConfigError: ``path`` is empty or an existing file, ``max_entries`` is not a
+            positive int, or ``backend`` is unknown (raised here); with ``backend=None``,
+            no framework or several are configured or imported (raised at ``start()``).
+        UnsupportedFeature: At ``start()``, the backend has no memory profiler usable
+            here (torch without CUDA; CuPy; NVML).
+        BackendUnavailable: At ``start()``, the framework is not installed.
+
+    Example:
+        ```python
+        with unimem.profile("prof/", backend="jax") as p:
+            train_step()
+            p.snapshot("after-step")
+        print(p.paths)
+        ```
     """
     return Profile(path, backend, max_entries=max_entries)

@@ -42,6 +42,24 @@ class Sample:
     ``peak`` is the highest ``allocated`` since the previous step sample (step
     samples only); ``peak_exact`` is False when it is a lower bound (JAX).
     ``error`` is set when the reading failed: the sample is a gap in the data.
+    Each source fills only the figures it reads; the others stay None.
+
+    Attributes:
+        time (float): When it was read (Unix time, seconds).
+        source (str): ``"framework"`` (allocator counters, read in this process),
+            ``"device"`` (NVML and host RSS, read by the sampler process) or ``"step"``
+            (a training step boundary: ``MemoryHook``, the Keras callback).
+        allocated (int | None): Bytes in live tensors/arrays.
+        reserved (int | None): Bytes the framework's pool holds.
+        peak (int | None): Highest ``allocated`` since the previous step sample, in bytes
+            (step samples only).
+        peak_exact (bool | None): False when ``peak`` is a lower bound (JAX).
+        process_used (int | None): NVML's bytes for this process on the device.
+        device_used (int | None): Bytes in use on the whole device.
+        device_total (int | None): The device's total bytes.
+        host_rss (int | None): This process's resident host memory, in bytes.
+        step (int | None): The step number (step samples only).
+        error (str | None): Why the reading failed; None for a good reading.
     """
 
     time: float
@@ -60,7 +78,14 @@ class Sample:
 
 @dataclass(frozen=True)
 class Mark:
-    """An event (``monitor.mark("epoch 2")``) with the framework's counters at that moment."""
+    """An event (``monitor.mark("epoch 2")``) with the framework's counters at that moment.
+
+    Attributes:
+        time (float): When it was marked (Unix time, seconds).
+        label (str): The event's name.
+        allocated (int | None): Bytes in live tensors/arrays then; None if unknown.
+        reserved (int | None): Bytes the framework's pool held then; None if unknown.
+    """
 
     time: float
     label: str
@@ -138,9 +163,25 @@ def _num(value: float) -> str:
 class Recording:
     """Samples and marks of one run, with what is known about it.
 
-    ``meta`` holds ``backend``, ``device``, ``interval``, ``limit`` (the cap, bytes),
-    ``device_total``, ``started``/``stopped`` (Unix time), ``decimation`` and ``notes``
-    (what was unavailable and why, NVML errors seen).
+    ``monitor()``, ``MemoryHook`` and the Keras callback all produce one;
+    ``load_recording(path)`` reads one back from the JSON or CSV it was saved to.
+    Figures unimem could not know are ``None`` in memory, empty cells in CSV and
+    ``null`` in JSON, never 0.
+
+    Attributes:
+        samples (list[Sample]): The readings, in time order.
+        marks (list[Mark]): The events marked, in order.
+        meta (dict[str, Any]): ``backend``, ``device``, ``interval``, ``limit`` (the cap,
+            bytes), ``device_total``, ``started``/``stopped`` (Unix time),
+            ``decimation`` and ``notes`` (what was unavailable and why, NVML errors seen).
+
+    Example:
+        ```python
+        recording = unimem.load_recording("memory.json")
+        print(unimem.format_bytes(recording.peak("allocated")))
+        times, used = recording.series("process_used")
+        recording.plot("memory.png", title="epoch 1")
+        ```
     """
 
     samples: list[Sample] = field(default_factory=list)
@@ -150,6 +191,8 @@ class Recording:
     # --- views ------------------------------------------------------------------
     @property
     def start_time(self) -> float | None:
+        """When the run started (Unix time): ``meta["started"]``, else the earliest sample
+        or mark; None for an empty recording."""
         started = self.meta.get("started")
         if isinstance(started, (int, float)):
             return float(started)
@@ -163,23 +206,57 @@ class Recording:
 
     @property
     def notes(self) -> list[str]:
+        """What was unavailable during the run and why (``meta["notes"]``)."""
         return list(self.meta.get("notes", []))
 
     def series(self, name: str, source: str | None = None) -> tuple[list[float], list[int | None]]:
-        """``(times, values)`` of one figure (``"allocated"``, ``"process_used"``, ...)."""
+        """``(times, values)`` of one figure (``"allocated"``, ``"process_used"``, ...).
+
+        Args:
+            name: A ``Sample`` field (``"allocated"``, ``"reserved"``, ``"peak"``,
+                ``"process_used"``, ``"device_used"``, ``"host_rss"``, ...).
+            source: Only samples of this source (``"framework"``, ``"device"``,
+                ``"step"``); None (default): every sample.
+
+        Returns:
+            The samples' Unix times and the figure's values (None where unknown).
+
+        Raises:
+            ConfigError: ``name`` is not a ``Sample`` field.
+        """
         if name not in SAMPLE_FIELDS:
             raise ConfigError("name", f"unknown figure {name!r}; known: {', '.join(SAMPLE_FIELDS)}")
         rows = [s for s in self.samples if source is None or s.source == source]
         return [s.time for s in rows], [getattr(s, name) for s in rows]
 
     def peak(self, name: str = "allocated") -> int | None:
-        """Highest value of one figure over the recording (None if never known)."""
+        """Highest value of one figure over the recording (None if never known).
+
+        Args:
+            name: A ``Sample`` field (default ``"allocated"``).
+
+        Returns:
+            The highest known value, or None if the figure was never known.
+
+        Raises:
+            ConfigError: ``name`` is not a ``Sample`` field.
+        """
         values = [v for v in self.series(name)[1] if v is not None]
         return max(values) if values else None
 
     # --- saving -----------------------------------------------------------------
     def to_json(self, path: str | os.PathLike[str]) -> Path:
-        """Everything (samples, marks, meta) as JSON; ``load_recording`` reads it back."""
+        """Everything (samples, marks, meta) as JSON; ``load_recording`` reads it back.
+
+        Args:
+            path: The file to write; its folder is created.
+
+        Returns:
+            The path written.
+
+        Raises:
+            ConfigError: ``path`` is not a file path, or is a directory.
+        """
         target = _target(path)
         data = {
             "format": FORMAT,
@@ -195,6 +272,16 @@ class Recording:
 
         Empty cells are unknown figures. The CSV keeps samples and marks; ``meta``
         (cap, interval, notes) is kept only by ``to_json``.
+
+        Args:
+            path: The file to write; its folder is created.
+
+        Returns:
+            The path written. Columns: ``time``, ``elapsed`` (seconds since the start),
+            the ``Sample`` fields, ``label``; rows in time order.
+
+        Raises:
+            ConfigError: ``path`` is not a file path, or is a directory.
         """
         target = _target(path)
         columns = ["time", "elapsed", *SAMPLE_FIELDS[1:], "label"]
@@ -235,13 +322,26 @@ class Recording:
         as breaks. The image is ``figsize × dpi`` pixels (1000 × 500 by default).
 
         Uses matplotlib's Agg canvas directly: no pyplot, no global backend change.
+
+        Args:
+            path: The PNG file to write; its folder is created.
+            title: The plot's title; None (default): the backend and device.
+            figsize: Width and height in inches (default ``(10.0, 5.0)``).
+            dpi: Pixels per inch (default 100).
+
+        Returns:
+            The path written.
+
+        Raises:
+            ConfigError: ``path`` is not a file path, or is a directory.
+            BackendUnavailable: matplotlib is not installed.
         """
         target = _target(path)
         try:
             from matplotlib.backends.backend_agg import FigureCanvasAgg
             from matplotlib.figure import Figure
         except ImportError:
-            raise BackendUnavailable("plot: matplotlib is not installed; pip install matplotlib") from None
+            raise BackendUnavailable("plot: matplotlib is not installed; pip install 'unimem[plot]'") from None
 
         start = self.start_time or 0.0
         fig = Figure(figsize=figsize, dpi=dpi)
@@ -376,7 +476,27 @@ def _parse_cell(name: str, text: str) -> Any:
 
 
 def load_recording(path: str | os.PathLike[str]) -> Recording:
-    """Read a recording saved with ``to_json`` or ``to_csv`` (by file suffix)."""
+    """Read a recording saved with ``to_json`` or ``to_csv`` (by file suffix).
+
+    A ``.csv`` file is read as CSV (samples and marks; its ``meta`` is empty, since
+    CSV does not keep it); any other suffix as JSON.
+
+    Args:
+        path: The file ``to_json`` or ``to_csv`` wrote.
+
+    Returns:
+        The recording, with unknown figures as None.
+
+    Raises:
+        ConfigError: ``path`` is not a file, is not a unimem JSON recording (no
+            ``"format"``), or is a CSV without ``time`` and ``source`` columns.
+
+    Example:
+        ```python
+        recording = unimem.load_recording("memory.json")
+        recording.plot("memory.png")
+        ```
+    """
     source = Path(path)
     if not source.is_file():
         raise ConfigError("path", f"{source} is not a file")

@@ -192,6 +192,10 @@ def available_backends() -> list[str]:
         Canonical backend names (``"torch"``, ``"tensorflow"``, ``"jax"``, ``"cupy"``,
         ``"nvml"``, then plug-ins), in registry order, for those whose module is installed.
 
+    Warns:
+        UnimemWarning: A plug-in's entry point cannot be loaded; it is left out, and the
+            message says why.
+
     Example:
         ```python
         unimem.available_backends()  # e.g. ['torch', 'jax', 'nvml']

@@ -34,8 +34,32 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 def parse_size(value: object, parameter: str = "limit") -> int:
     """Return ``value`` as a positive number of bytes.
 
-    Accepts an int (bytes) or a string with a unit. Raises ``ConfigError`` naming
-    ``parameter`` for anything else: negatives, zero, NaN, bools, unknown units.
+    Accepts an int (bytes), a float with no fractional part, or a string with a unit.
+    Decimal units (``KB``, ``MB``, ``GB``, ``TB``) are powers of 1000, binary units
+    (``KiB``, ``MiB``, ``GiB``, ``TiB``) powers of 1024; a bare ``K``/``M``/``G``/``T``
+    is read as binary, as GPU tools print it. Units are case-insensitive, and a space
+    between number and unit is allowed. The result is exact (``"4.1 GB"`` is
+    4100000000, not a float's rounding of it).
+
+    Args:
+        value: Bytes as an ``int``, or a size such as ``"8GiB"``, ``"512MB"``,
+            ``"1.5 GB"``.
+        parameter: The argument name the error names (default ``"limit"``).
+
+    Returns:
+        The size in bytes, more than 0.
+
+    Raises:
+        ConfigError: For anything else: negatives, zero, NaN, non-whole floats, bools,
+            unknown units, other types. ``exc.parameter`` is ``parameter``; pass bytes or
+            a number with a known unit.
+
+    Example:
+        ```python
+        unimem.parse_size("8GiB")    # 8589934592
+        unimem.parse_size("512MB")   # 512000000
+        unimem.parse_size("1.5 GB")  # 1500000000
+        ```
     """
     if isinstance(value, bool):
         raise ConfigError(parameter, f"expected bytes or a size such as '8GiB', got {value!r}")
@@ -67,7 +91,15 @@ def parse_size(value: object, parameter: str = "limit") -> int:
 
 
 def format_bytes(value: int | None) -> str:
-    """``1536 * 2**20`` -> ``'1.50 GiB'``; ``None`` -> ``'n/a'``."""
+    """Format a byte count for humans, in binary units: ``1536 * 2**20`` -> ``'1.50 GiB'``.
+
+    Args:
+        value: Bytes (a negative count keeps its sign), or None for an unknown figure.
+
+    Returns:
+        ``"100 B"`` below 1 KiB, else two decimals in the largest unit up to TiB
+        (``"1.50 GiB"``); ``"n/a"`` for None.
+    """
     if value is None:
         return "n/a"
     magnitude = float(abs(value))

@@ -13,6 +13,15 @@ __all__ = ["FEATURES", "Level", "Phase", "Support", "When"]
 
 
 class Level(str, enum.Enum):
+    """How a backend does a feature. A ``str`` enum: ``str(level)`` is its value.
+
+    Attributes:
+        NATIVE: ``"native"``: a public framework API does it.
+        ENV: ``"env"``: an environment variable the framework reads does it.
+        EMULATED: ``"emulated"``: unimem does it with the framework's primitives.
+        UNSUPPORTED: ``"unsupported"``: the backend cannot do it.
+    """
+
     NATIVE = "native"  # a public framework API does it
     ENV = "env"  # an environment variable the framework reads does it
     EMULATED = "emulated"  # unimem does it with the framework's primitives
@@ -23,6 +32,14 @@ class Level(str, enum.Enum):
 
 
 class When(str, enum.Enum):
+    """By when a feature must be asked for. A ``str`` enum: ``str(when)`` is its value.
+
+    Attributes:
+        ANYTIME: ``"anytime"``: it can be asked for at any point.
+        BEFORE_INIT: ``"before-init"``: before the framework touches the GPU.
+        BEFORE_IMPORT: ``"before-import"``: before ``import framework``.
+    """
+
     ANYTIME = "anytime"
     BEFORE_INIT = "before-init"  # before the framework touches the GPU
     BEFORE_IMPORT = "before-import"  # before ``import framework``
@@ -32,13 +49,30 @@ class When(str, enum.Enum):
 
 
 class Phase(enum.IntEnum):
-    """How far a framework has got in this process; settings expire as it moves on."""
+    """How far a framework has got in this process; settings expire as it moves on.
+
+    An ``IntEnum``: phases compare in order (``Phase.IMPORTED < Phase.INITIALIZED``).
+
+    Attributes:
+        NOT_IMPORTED: ``0``: the framework is not imported.
+        IMPORTED: ``1``: imported, no device runtime yet.
+        INITIALIZED: ``2``: device runtime started: allocator and visible devices are fixed.
+    """
 
     NOT_IMPORTED = 0
     IMPORTED = 1  # imported, no device runtime yet
     INITIALIZED = 2  # device runtime started: allocator and visible devices are fixed
 
     def allows(self, when: When) -> bool:
+        """Whether a feature that must be asked for by ``when`` can still be asked for in this phase.
+
+        Args:
+            when: By when the feature must be asked for.
+
+        Returns:
+            True for ``When.ANYTIME``; for ``When.BEFORE_INIT`` while the device runtime has
+            not started; for ``When.BEFORE_IMPORT`` only before the import.
+        """
         if when is When.ANYTIME:
             return True
         if when is When.BEFORE_INIT:
@@ -46,6 +80,11 @@ class Phase(enum.IntEnum):
         return self is Phase.NOT_IMPORTED
 
     def describe(self) -> str:
+        """The phase in words, as ``unimem.summary()`` prints it.
+
+        Returns:
+            ``"not imported"``, ``"imported, device not started"`` or ``"device runtime started"``.
+        """
         return {
             Phase.NOT_IMPORTED: "not imported",
             Phase.IMPORTED: "imported, device not started",
@@ -55,7 +94,21 @@ class Phase(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Support:
-    """One backend's support for one feature."""
+    """One backend's support for one feature: an entry of ``unimem.capabilities(backend)``.
+
+    Attributes:
+        level (Level): How the backend does it (native, env, emulated or unsupported).
+        api (str): The native call or environment variable, exactly as a user would write
+            it; empty when there is none.
+        when (When): By when it must be asked for.
+        note (str): Limits, or why it is unsupported and what to use instead.
+
+    Example:
+        ```python
+        support = unimem.capabilities("jax")["reset_peak"]
+        print(support.level, support.when, support.note)
+        ```
+    """
 
     level: Level
     api: str = ""  # the native call or env var, exactly as a user would write it
@@ -64,6 +117,7 @@ class Support:
 
     @property
     def supported(self) -> bool:
+        """Whether the backend can do the feature at all (its level is not ``UNSUPPORTED``)."""
         return self.level is not Level.UNSUPPORTED
 
 

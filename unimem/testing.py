@@ -49,7 +49,29 @@ RESULT_MARK = "@@UNIMEM-RESULT@@"
 
 
 def covers_features(*features: str) -> Callable[[F], F]:
-    """Mark a contract test as evidence for these capability-table features."""
+    """Mark a contract test as evidence for these capability-table features.
+
+    The project's matrix generator reads the mark and turns it into ``backend:feature``
+    cells of ``compat_matrix.md``.
+
+    Args:
+        *features: Feature names of ``unimem.support.FEATURES`` (``"reset_peak"``,
+            ``"stats.peak"``, ...).
+
+    Returns:
+        A decorator that records the features on the test function (as
+        ``unimem_features``) and returns it unchanged otherwise.
+
+    Example:
+        ```python
+        class TestMyBackend(BackendContract):
+            ...
+
+            @covers_features("clear_cache")
+            def test_clear_cache_gives_memory_back(self) -> None:
+                ...
+        ```
+    """
 
     def mark(test: F) -> F:
         test.unimem_features = features  # type: ignore[attr-defined]
@@ -187,7 +209,43 @@ def _all_none(stats: dict[str, Any]) -> list[str]:
 
 
 class BackendContract:
-    """Tests every framework backend must pass. Subclasses set the class attributes."""
+    """Tests every framework backend must pass. Subclasses set the class attributes.
+
+    Not collected itself (its name does not start with ``Test``): subclass it in a test
+    module of your own. The lifecycle (configure before import, import, start,
+    configure late, query) runs in ONE fresh interpreter per backend, since a framework
+    reads its settings once; each test asserts one part of what that run recorded. The
+    backend's framework must be installed: a missing one fails the suite rather than
+    skipping it.
+
+    Attributes:
+        backend (str): The name the backend is registered under.
+        module (str): The framework's top-level module.
+        start (str): Code (run after the import) that starts the framework: its first op.
+        starts_on_cpu (bool): Whether that reaches ``Phase.INITIALIZED`` on this host
+            (default True).
+        env_kwargs (dict[str, Any]): ``configure()`` keyword arguments applied through
+            environment variables before import.
+        env_expect (dict[str, str]): The variables ``env_kwargs`` sets, with their values.
+        late_kwargs (dict[str, Any] | None): A different setting that is too late once the
+            framework started on the CPU; None (default) if none is.
+        late_setting (str): The name of that setting (``"growth"``, ...).
+
+    Example:
+        ```python
+        from unimem.testing import BackendContract
+
+        class TestMyBackend(BackendContract):
+            backend = "mine"
+            module = "myframework"
+            start = "import myframework; myframework.ones(4).sum()"
+            starts_on_cpu = True
+            env_kwargs = {"growth": True}
+            env_expect = {"MYFW_GROWTH": "1"}
+            late_kwargs = {"growth": False}
+            late_setting = "growth"
+        ```
+    """
 
     backend: ClassVar[str]
     module: ClassVar[str]  # the framework's top-level module

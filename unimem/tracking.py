@@ -26,8 +26,8 @@ from . import registry
 from .api import framework_free_stats
 from .config import check_device
 from .errors import ConfigError, UnimemError
-from .sizes import format_bytes
 from .memory_stats import MemoryStats
+from .sizes import format_bytes
 from .support import Level
 
 __all__ = ["Tracked", "read_stats", "resolve_query", "track"]
@@ -130,13 +130,32 @@ def _compare_peak(start: MemoryStats, end: MemoryStats, field: str, current: str
 class Tracked:
     """What ``with unimem.track() as t:`` measured. Figures are None until the block ends.
 
-    - ``peak``: highest ``allocated`` during the block (bytes in live tensors).
-    - ``peak_reserved``: highest pool size during the block, where the framework counts it.
-    - ``peak_exact``: False when ``peak`` is a lower bound (JAX), None when unknown.
-    - ``delta``: ``allocated`` at the end minus at the start.
-    - ``duration``: seconds.
-    - ``start`` / ``end``: the full ``MemoryStats`` at both ends.
-    - ``note``: why a figure is None or a lower bound.
+    How the peak is known depends on the backend's ``reset_peak`` capability: where the
+    framework resets its peak counter (torch, TensorFlow) the peak is exact and blocks
+    nest; where it cannot (JAX) the peak is exact if the process peak rose during the
+    block, else a lower bound (``peak_exact=False``); NVML keeps no peak (None). On the
+    CPU every figure is None, never 0; ``note`` says why. ``str()`` reads as one line.
+
+    Args:
+        backend: A backend name or alias, or None (default) for the query rule of
+            ``stats()``, resolved when the block opens.
+        device: The device index (default 0).
+
+    Attributes:
+        backend (str | None): The backend whose figures were read (set when the block opens).
+        device (int): The device index.
+        peak (int | None): Highest ``allocated`` during the block (bytes in live tensors).
+        peak_reserved (int | None): Highest pool size during the block in bytes, where the
+            framework counts it.
+        peak_exact (bool | None): False when ``peak`` is a lower bound (JAX), None when unknown.
+        delta (int | None): ``allocated`` at the end minus at the start, in bytes.
+        duration (float | None): Seconds.
+        start (MemoryStats | None): The full ``MemoryStats`` at the block's start.
+        end (MemoryStats | None): The full ``MemoryStats`` at the block's end.
+        note (str): Why a figure is None or a lower bound; empty if nothing.
+
+    Raises:
+        ConfigError: ``backend`` is unknown or ``device`` is not an index of 0 or more.
     """
 
     def __init__(self, backend: str | None = None, device: int = 0) -> None:
@@ -181,7 +200,11 @@ class Tracked:
         self.close()
 
     def close(self) -> None:
-        """End the block (what leaving ``with`` does)."""
+        """End the block (what leaving ``with`` does).
+
+        Raises:
+            UnimemError: The block is not open.
+        """
         if self._t0 is None:
             raise UnimemError("this track() block is not open")
         assert self.backend is not None
@@ -193,6 +216,13 @@ class Tracked:
 
         Returns the finished block's figures (a closed copy). A training loop's
         per-step figures (``MemoryHook``) are consecutive blocks.
+
+        Returns:
+            The finished block's figures, a closed copy; this ``Tracked`` stays open on
+            the next block.
+
+        Raises:
+            UnimemError: The block is not open.
         """
         if self._t0 is None:
             raise UnimemError("this track() block is not open")
@@ -276,5 +306,31 @@ def track(backend: str | None = None, device: int = 0) -> Tracked:
     Blocks nest. Opening a block resets the framework's peak counter where the
     framework can (torch, TensorFlow), so ``stats().peak_allocated`` afterwards counts
     from the innermost block's start; see ``Tracked`` for JAX (lower bounds) and the CPU (None).
+
+    Args:
+        backend: A backend name or alias, or None (default) for the query rule of
+            ``stats()``, resolved when the block opens.
+        device: The device index (default 0).
+
+    Returns:
+        The block's measurement, a context manager; its figures are None until the
+        block ends.
+
+    Raises:
+        ConfigError: ``backend`` is unknown or ``device`` is not an index of 0 or more
+            (raised here); with ``backend=None``, two frameworks are candidates when the
+            block opens: pass ``backend=``.
+        BackendUnavailable: When the block opens, the named framework is not installed.
+        UnimemError: The same ``Tracked`` is opened again while open: open a new
+            ``unimem.track()`` to nest blocks.
+
+    Example:
+        ```python
+        with unimem.track("torch") as t:
+            loss = model(batch).sum()
+            loss.backward()
+        print(t.peak, t.delta, t.duration)  # bytes, bytes, seconds
+        print(t)  # "track(torch:0): peak ..., delta ..., ... s"
+        ```
     """
     return Tracked(backend, device)
