@@ -61,6 +61,7 @@ def run(cases: int, seed: int) -> dict[str, Any]:
 
     rng = random.Random(seed)
     counts: collections.Counter[int] = collections.Counter()
+    calls: collections.Counter[int] = collections.Counter()  # every call of the step, re-runs included
     outside: list[dict[str, Any]] = []
     worst: dict[str, Any] | None = None
     done = 0
@@ -85,6 +86,7 @@ def run(cases: int, seed: int) -> dict[str, Any]:
         done += 1
         trials = len(search.trials)
         counts[trials] += 1
+        calls[search.step_calls] += 1
         case = {
             "start": start,
             "largest": largest,
@@ -102,6 +104,9 @@ def run(cases: int, seed: int) -> dict[str, Any]:
         "within_6_trials": sum(v for k, v in counts.items() if k <= 6) / cases,
         "within_8_trials": sum(v for k, v in counts.items() if k <= 8) / cases,
         "most_trials": max(counts),
+        "calls_histogram": {str(k): calls[k] for k in sorted(calls)},
+        "within_6_calls": sum(v for k, v in calls.items() if k <= 6) / cases,
+        "most_calls": max(calls),
         "outside_the_margin": outside,
         "worst_case": worst,
     }
@@ -121,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = result["results"]
     print(
         f"{args.cases} cases: <= 6 trials {summary['within_6_trials']:.1%}, <= 8 trials "
-        f"{summary['within_8_trials']:.1%}, most {summary['most_trials']}, outside the margin "
+        f"{summary['within_8_trials']:.1%}, most {summary['most_trials']}; every call counted: <= 6 "
+        f"{summary['within_6_calls']:.1%}, most {summary['most_calls']}; outside the margin "
         f"{len(summary['outside_the_margin'])}; histogram {summary['histogram']}",
         file=sys.stderr,
     )

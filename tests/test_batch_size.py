@@ -451,8 +451,8 @@ def test_the_answer_is_re_run_after_the_last_failure(after_oom: float, confirmed
     if confirmed:  # one size lower by the margin runs in the fragmented pool: that is the answer
         ran = [t for t in search.confirmations if t.reason == "confirm" and t.fits]
         assert search.batch_size == ran[-1].batch_size <= 990
-        # then one call at start, so that the state the step keeps lets go of large blocks
-        assert (search.confirmations[-1].reason, search.confirmations[-1].batch_size) == ("settle", 8)
+        # no call at start after it: only a framework whose pool needs one asks for it (torch)
+        assert [t.reason for t in search.confirmations] == ["confirm"] * len(search.confirmations)
     else:  # neither runs: the search's answer stands, with a note saying what to do
         assert search.batch_size >= 950 and not any(t.fits for t in search.confirmations)
         assert "fresh process" in search.notes[-1]
@@ -469,7 +469,8 @@ def test_result_reads_well_and_is_json_ready() -> None:
     data = json.loads(json.dumps(search.as_dict()))
     assert data["batch_size"] == search.batch_size == int(search)
     assert [t["batch_size"] for t in data["trials"] + data["confirmations"]] == step.calls
-    assert data["confirmed"] is True and [t["reason"] for t in data["confirmations"]] == ["confirm", "settle"]
+    assert data["confirmed"] is True and [t["reason"] for t in data["confirmations"]] == ["confirm"]
+    assert data["step_calls"] == len(step.calls) and data["failed_calls"] == sum(not t["fits"] for t in data["trials"])
     text = str(search)
     assert text.startswith(f"batch size {search.batch_size} in {len(search.trials)} trials")
     assert "× batch (measure=)" in text
@@ -806,8 +807,10 @@ def test_outside_jax_what_a_failure_left_is_reported_but_the_answer_is_still_re_
     pool.serve(monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", unimem.UnimemWarning)
-        search = unimem.find_batch_size(pool.step, start=32, backend="torch", return_trials=True)
-    assert [t.kept for t in search.trials if not t.fits] == [700]
+        # margin=0: the search must see a failure (torch's peaks on a line bound it without one)
+        search = unimem.find_batch_size(pool.step, start=32, backend="torch", margin=0.0, return_trials=True)
+    kept = [t.kept for t in search.trials if not t.fits]
+    assert kept and set(kept) == {700}
     note = next(n for n in search.notes if "stayed in use" in n)
     assert "gradients set in a failed backward" in note and "XLA" not in note
     assert search.confirmations and search.confirmations[0].reason == "confirm"

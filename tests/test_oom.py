@@ -18,11 +18,11 @@ import pytest
 from conftest import run_framework_script
 
 import unimem
+from unimem.memory_stats import MemoryStats
 from unimem.oom import find_oom, framework_of, requested_bytes
 from unimem.oom_report import OOMReport, PoolUse, _suggest
 from unimem.oom_rules import _accumulation
 from unimem.pool_fragmentation import Fragmentation
-from unimem.memory_stats import MemoryStats
 
 GiB = 1 << 30
 

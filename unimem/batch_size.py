@@ -22,9 +22,26 @@ How the search goes (every size tried is a real call of ``step``):
    bisection.
 5. Near the answer, try the smallest size whose failure would prove the largest size
    that ran is within ``margin`` of the largest that fits; stop once it is (one below
-   the smallest failure, or ``max_size``).
+   the smallest failure, ``max_size``, or, for a framework that rematerializes nothing,
+   the line through peaks that rose steadily to within 5% of the limit).
 6. If a trial failed after the answer ran, re-run the answer (``confirm``): near the cap
    what fits depends on the pool's history.
+
+Every call of ``step`` counts against ``max_trials``, the re-runs of step 6 included. A
+failure refutes what said it would fit: the sure bound for good (the limit is not the
+capacity), the fitted line until a size fits after it. Whichever way the model chooses,
+a bracket ``[largest fit, smallest failure]`` that two trials did not halve is bisected
+next, so the search always ends. When failures cost far more than runs (JAX), brackets are
+split a third of the way up rather than halfway.
+
+With ``lower=`` the framework predicts each size's peak from the compiled step
+(``Backend.predict_peak``; ``search_scale``): every size run is compiled first and run only
+if predicted under the capacity still believed in: the limit, then below each failure
+beside what failures left in use. The first run after ``start`` is the largest size
+predicted under the limit; a failure there means the capacity is lower, so the next is one
+margin down where it still fits beside the failure's outputs, then splits of the predicted
+range. Runs that fit calibrate the bytes beside the predictions; predictions the runs
+contradict are set aside, with a note, and the measured search goes on.
 
 Memory: an out-of-memory error's traceback holds the failed step's frames, and their
 tensors (the leak of batch-size finders that retry inside the ``except``). A failed trial keeps only
@@ -45,11 +62,25 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from . import api, registry
 from .errors import ConfigError, OutOfMemory, UnimemWarning
-from .oom import _message, clear_frames, find_oom
-from .search_math import fit, knee, next_size, plateau_ratio, predict, safe_size, saturation_note
-from .search_math import fit_linear as fit_linear  # re-exported: the fit's public helper
-from .sizes import format_bytes, parse_size
 from .memory_stats import MemoryStats
+from .oom import _message, clear_frames, find_oom
+from .search_math import (
+    fit,
+    knee,
+    line_bound,
+    median,
+    next_size,
+    plateau_ratio,
+    predict,
+    safe_size,
+    saturation_note,
+    split,
+    stalled,
+)
+from .search_math import fit_linear as fit_linear  # re-exported: the fit's public helper
+from .search_progress import Progress, interrupted
+from .search_scale import OVER, Scale
+from .sizes import format_bytes, parse_size
 
 if TYPE_CHECKING:
     from unimem.backends.base import Backend
@@ -61,23 +92,52 @@ __all__ = ["BatchSizeSearch", "Trial", "find_batch_size"]
 # segments: the prediction holds the peak in use against the cap less the pool's
 # overhead (peak reserved - peak in use) seen at the largest trial that fit.
 _PEAK_FIELD = "peak_allocated"
+# A failure this many times slower than a run that fit, and slower than a second in itself (JAX:
+# XLA's allocator waits before it fails), makes the search approach the answer from below.
+_COSTLY = 5.0
+_COSTLY_SECONDS = 1.0
+# Compilations of ``lower(n)`` allowed per trial allowed (``max_trials``), and per size placed.
+_COMPILES_PER_TRIAL = 2
+_COMPILES_PER_PLACEMENT = 6
+# The clock every trial is timed with (the simulated searches in the tests advance their own).
+_clock = time.perf_counter
 
 
 @dataclass(frozen=True)
 class Trial:
-    """One real call of ``step``."""
+    """One real call of ``step``.
+
+    Attributes:
+        batch_size (int): The size tried.
+        fits (bool): Whether it ran without running out of memory.
+        peak (int | None): Bytes the trial used at its peak; None when unknown.
+        seconds (float): How long the call took.
+        reason (str): Why this size was tried: ``start``, ``grow``, ``halve``,
+            ``safe-jump``, ``predict``, ``predict-far``, ``close``, ``saturated``,
+            ``bisect``, ``upper-bound``; with ``lower=`` also ``predicted``,
+            ``predicted-below``, ``predicted-split``; after the search ``confirm`` or
+            ``settle``.
+        error (str | None): The out-of-memory message's first line when it did not fit.
+        peak_reserved (int | None): torch: the pool's peak in the same trial, in bytes.
+        kept (int | None): After a failure: bytes still in use once it was released,
+            above those in use before it (JAX: XLA does not free a failed execution's
+            output buffers). None: not read.
+        predicted (int | None): With ``lower=``: the peak the compiled step predicted for
+            this size, in bytes; None without a prediction.
+    """
 
     batch_size: int
     fits: bool
     peak: int | None  # bytes the trial used at its peak; None when unknown
     seconds: float
-    reason: str  # start, grow, halve, safe-jump, predict, predict-far, close, saturated, bisect, upper-bound;
-    # confirm, settle (after the search)
+    reason: str  # start, grow, halve, safe-jump, predict, predict-far, close, saturated, bisect, upper-bound,
+    # predicted, predicted-below, predicted-split (with lower=); confirm, settle (after the search)
     error: str | None = None  # the out-of-memory message's first line when it did not fit
     peak_reserved: int | None = None  # torch: the pool's peak in the same trial
     # After a failure: bytes still in use once it was released, above those in use before
     # it (JAX: XLA does not free a failed execution's output buffers). None: not read.
     kept: int | None = None
+    predicted: int | None = None  # with lower=: the peak the compiled step predicted for this size
 
 
 @dataclass(frozen=True)
@@ -92,6 +152,39 @@ class BatchSizeSearch:
     where the peaks came from. ``before``/``after``: ``stats()`` around the search.
     ``confirmations``: the answer re-run after the search's last failure (``confirm=True``),
     and ``confirmed`` whether it ran then (None when nothing failed after it ran).
+    ``step_calls`` counts every call of ``step`` (trials and re-runs), ``failed_calls`` those
+    that ran out of memory, ``compile_calls`` the sizes ``lower=`` compiled.
+    ``int()`` of it is the answer; ``str()`` reads as a report of every trial.
+
+    Attributes:
+        batch_size (int): The answer: the largest size that ran (after ``confirm``, one
+            size lower by ``margin`` if only that ran again).
+        trials (tuple[Trial, ...]): Every trial of the search, in order.
+        smallest_failure (int | None): The smallest size that did not fit; None if none failed.
+        converged (bool): Whether the answer is within ``margin`` of the largest that fits
+            (or is ``max_size``); False when ``max_trials`` calls ran out first (the answer is
+            then the largest size that ran, with a note saying so).
+        margin (float): The margin searched to.
+        limit (int | None): The bytes the fit was held against; None when unknown.
+        model (tuple[float, float] | None): The last fit ``(a, b)`` of
+            ``bytes = a + b × batch``; None without one.
+        measured_by (str): Where the peaks came from (``"measure="``,
+            ``"stats('torch').peak_allocated"``, or nothing).
+        seconds (float): How long the search took.
+        baseline (int | None): Bytes in use before the search, which every peak includes.
+        before (MemoryStats | None): ``stats()`` before the search.
+        after (MemoryStats | None): ``stats()`` after the search (memory given back).
+        notes (tuple[str, ...]): What the peaks and the failed trials showed (a peak that
+            saturates at the cap, bytes failed trials left in use, a fresh process needed).
+        confirmations (tuple[Trial, ...]): The re-runs after the search (``confirm=True``).
+        confirmed (bool | None): Whether the answer ran again then; None when nothing
+            failed after it ran (or no call was left for it).
+        step_calls (int): Every call of ``step``: the trials and the re-runs after them; at
+            most ``max_trials``.
+        failed_calls (int): Those of them that ran out of memory.
+        compile_calls (int): With ``lower=``: the sizes compiled to predict their peaks.
+        predictions (tuple[tuple[int, int], ...]): With ``lower=``: ``(size, predicted peak
+            bytes)`` of every size compiled, by size.
     """
 
     batch_size: int
@@ -109,11 +202,21 @@ class BatchSizeSearch:
     notes: tuple[str, ...] = field(default_factory=tuple)
     confirmations: tuple[Trial, ...] = ()
     confirmed: bool | None = None
+    step_calls: int = 0  # every call of the step: the trials and the re-runs after the search
+    failed_calls: int = 0  # those that ran out of memory
+    compile_calls: int = 0  # with lower=: the sizes compiled to predict their peaks
+    predictions: tuple[tuple[int, int], ...] = ()  # with lower=: (size, predicted peak bytes), by size
 
     def __int__(self) -> int:
         return self.batch_size
 
     def as_dict(self) -> dict[str, Any]:
+        """The search as plain data, JSON-ready.
+
+        Returns:
+            Every field; trials as dicts, ``model`` as ``{"a": ..., "b": ...}``,
+            ``before``/``after`` as ``MemoryStats.as_dict()``.
+        """
         return {
             "batch_size": self.batch_size,
             "trials": [t.__dict__ for t in self.trials],
@@ -130,11 +233,17 @@ class BatchSizeSearch:
             "notes": list(self.notes),
             "confirmations": [t.__dict__ for t in self.confirmations],
             "confirmed": self.confirmed,
+            "step_calls": self.step_calls,
+            "failed_calls": self.failed_calls,
+            "compile_calls": self.compile_calls,
+            "predictions": [list(p) for p in self.predictions],
         }
 
     def __str__(self) -> str:
+        compiled = f", {self.compile_calls} compiled" if self.compile_calls else ""
         lines = [
-            f"batch size {self.batch_size} in {len(self.trials)} trials ({self.seconds:.2f} s); "
+            f"batch size {self.batch_size} in {len(self.trials)} trials ({self.seconds:.2f} s; "
+            f"{self.step_calls} calls of the step, {self.failed_calls} failed{compiled}); "
             + (f"smallest failure {self.smallest_failure}" if self.smallest_failure else "no failure")
             + ("" if self.converged else "; NOT converged (max_trials ran out)")
         ]
@@ -148,6 +257,7 @@ class BatchSizeSearch:
             )
         for t in self.trials:
             peak = f", peak {format_bytes(t.peak)}" if t.peak is not None else ""
+            peak += f", predicted {format_bytes(t.predicted)}" if t.predicted is not None and t.predicted < OVER else ""
             peak += f", {format_bytes(t.kept)} left in use" if t.kept else ""
             lines.append(
                 f"  {t.batch_size:>8}  {'fits' if t.fits else 'OOM ':<4}  {t.reason:<11} {t.seconds:.3f} s{peak}"
@@ -171,6 +281,8 @@ class _Settings:
     max_trials: int
     return_trials: bool
     confirm: bool = True
+    lower: Callable[[int], Any] | None = None
+    progress: bool | None = None
 
 
 def _check(
@@ -185,6 +297,8 @@ def _check(
     max_trials: object,
     return_trials: object,
     confirm: object = True,
+    lower: object = None,
+    progress: object = None,
 ) -> _Settings:
     def whole(value: object) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
@@ -218,11 +332,30 @@ def _check(
         raise ConfigError("return_trials", f"expected True or False, got {return_trials!r}")
     if not isinstance(confirm, bool):
         raise ConfigError("confirm", f"expected True or False, got {confirm!r}")
+    if lower is not None and not callable(lower):
+        raise ConfigError(
+            "lower", f"expected None or a callable lower(batch_size) returning the lowered step, got {lower!r}"
+        )
+    if progress is not None and not isinstance(progress, bool):
+        raise ConfigError("progress", f"expected None (on a terminal), True or False, got {progress!r}")
     assert isinstance(device, int) and isinstance(max_trials, int)
     assert max_size is None or isinstance(max_size, int)
     checked_measure: Callable[[], int | None] | None = measure
+    checked_lower: Callable[[int], Any] | None = lower
     return _Settings(
-        start, name, device, max_size, float(margin), checked_measure, size, base, max_trials, return_trials, confirm
+        start,
+        name,
+        device,
+        max_size,
+        float(margin),
+        checked_measure,
+        size,
+        base,
+        max_trials,
+        return_trials,
+        confirm,
+        checked_lower,
+        progress,
     )
 
 
@@ -254,6 +387,18 @@ class _Run:
     bad: int | None = None  # the smallest size that did not
     model: tuple[float, float] | None = None
     last_oom: BaseException | None = None
+    calls: int = 0  # every call of the step, re-runs after the search included (max_trials bounds it)
+    failed_calls: int = 0
+    scale: Scale | None = None  # with lower=: the predicted peaks, and what the runs say about them
+    # A failure refutes what said it would fit: the sure bound for good (the limit is not the
+    # capacity, or the use grew faster than the batch), the fitted line until a size fits after it.
+    sure_refuted: bool = False
+    line_refuted_at: int | None = None  # len(points) when a failure refuted the line
+    last_safe: int | None = None  # the sure bound and the line's answer when the last size was chosen
+    last_predicted: int | None = None
+    brackets: list[tuple[int, int]] = field(default_factory=list)  # (good, high) after each trial
+    point_kept: dict[int, int] = field(default_factory=dict)  # kept_total when each point's size ran
+    progress: Progress = field(default_factory=lambda: Progress(False))
 
     @property
     def device(self) -> int:
@@ -300,9 +445,11 @@ def _measured_by(run: _Run) -> str:
 
 def _open(settings: _Settings) -> _Run:
     """The search's state before its first trial: the framework, the limit, the baseline."""
-    run = _Run(settings)
+    run = _Run(settings, progress=Progress(settings.progress))
     run.use(_framework(settings))
-    if settings.limit is not None and settings.measure is None and run.backend is None:
+    if settings.lower is not None:
+        run.scale = Scale(_predictor(run), budget=_COMPILES_PER_TRIAL * settings.max_trials)
+    elif settings.limit is not None and settings.measure is None and run.backend is None:
         raise ConfigError(
             "limit",
             "a limit needs each trial's peak memory, and no framework is in use to report it; "
@@ -328,6 +475,76 @@ def _adopt(run: _Run) -> None:
     if run.backend is not None and run.settings.measure is None:
         run.measured_by = _measured_by(run)
         run.limit = run.settings.limit if run.settings.limit is not None else _capacity(run, _snapshot(run))
+
+
+# --- predictions (lower=) -----------------------------------------------------------------------
+
+
+def _size_lowered(run: _Run, lowered: Any) -> int | None:
+    """The predicted peak of what ``lower(n)`` returned: an int is taken as the bytes; else the
+    search's framework sizes it, then each one imported (``Backend.predict_peak``)."""
+    if isinstance(lowered, int) and not isinstance(lowered, bool):
+        return lowered
+    adapters = [run.adapter] if run.adapter is not None else []
+    adapters += [registry.get_backend(name) for name in registry.imported_frameworks()]
+    for adapter in dict.fromkeys(adapters):
+        value = adapter.predict_peak(lowered)
+        if value is not None:
+            return value
+    return None
+
+
+def _predictor(run: _Run) -> Callable[[int], int | None]:
+    """``n -> predicted peak bytes`` through ``lower=``; a lowering that itself runs out of
+    memory predicts ``OVER`` (the size does not fit), any other error stops the search."""
+    lower = run.settings.lower
+    assert lower is not None
+
+    def predict(size: int) -> int | None:
+        t0 = _clock()
+        try:
+            value = _size_lowered(run, lower(size))
+        except Exception as exc:
+            if find_oom(exc) is None:
+                raise
+            clear_frames(exc)  # the lowering's frames may hold arrays of that size
+            value = OVER
+        run.progress.compiled(size, value, _clock() - t0)
+        return value
+
+    return predict
+
+
+def _predicted(run: _Run, size: int) -> int | None:
+    """The predicted peak of a size about to run, while the predictions are used."""
+    if run.scale is None or not run.scale.trusted:
+        return None
+    value = run.scale.peak(size)
+    if value is None:
+        run.scale.distrust = (
+            f"no prediction for batch size {size} (compilations spent, or the framework could not size what "
+            "lower() returned): searched on the measured peaks from there"
+        )
+    return value
+
+
+def _first(run: _Run) -> int:
+    """The first size to run: ``start``, halved while predicted above the limit. What ``lower``
+    returns for it must be something the framework can size: else a ``ConfigError`` before any run."""
+    size = run.settings.start
+    if run.scale is None:
+        return size
+    predicted = run.scale.peak(size)
+    if predicted is None:
+        raise ConfigError(
+            "lower",
+            f"lower({size}) returned nothing the framework in use can size: return the step lowered for that "
+            "size (jax: jax.jit(step).lower(...)), or its predicted peak bytes as an int",
+        )
+    while size > 1 and run.limit is not None and predicted is not None and predicted > run.limit:
+        size //= 2
+        predicted = run.scale.peak(size)
+    return size
 
 
 # --- one trial ---------------------------------------------------------------------------------
@@ -417,7 +634,8 @@ def _record(run: _Run, size: int, fits: bool, peak: int | None) -> None:
         run.running_peak = None
     elif peak is not None and run.running_peak is not None:
         run.running_peak = max(run.running_peak, peak)
-    if fits and peak is None and run.settings.limit is not None and not run.points and not run.bounded:
+    figures = run.points or run.bounded or run.scale is not None  # predicted peaks count as figures
+    if fits and peak is None and run.settings.limit is not None and not figures:
         raise ConfigError(
             "limit",
             f"a limit needs each trial's peak memory, and {run.measured_by} gave none for batch size {size}; "
@@ -429,58 +647,181 @@ def _record(run: _Run, size: int, fits: bool, peak: int | None) -> None:
             run.points.append((size, peak))
     else:
         run.bad = size if run.bad is None else min(run.bad, size)
+        # What said this size would fit is refuted (see _Run).
+        if run.last_safe is not None and size <= run.last_safe:
+            run.sure_refuted = True
+        if run.last_predicted is not None and size <= run.last_predicted:
+            run.line_refuted_at = len(run.points)
+    high = _high(run)
+    if run.good and high is not None:
+        run.brackets.append((run.good, high))
 
 
 def _trial(step: Callable[[int], Any], run: _Run, size: int, reason: str) -> None:
     """One real call of ``step``, measured, released and recorded."""
+    predicted = _predicted(run, size)
     in_use = None
     if run.settings.measure is None and run.backend is not None:
         api.reset_peak(run.backend, run.device)
         in_use = api.stats(run.backend, run.device, nvml=False).allocated
-    t0 = time.perf_counter()
+    kept_before = run.kept_total
+    t0 = _clock()
+    run.calls += 1
     error, run.last_oom = _attempt(step, size, run.bad is not None, run.adapter)
-    seconds = time.perf_counter() - t0
+    seconds = _clock() - t0
+    run.failed_calls += error is not None
     peak, peak_reserved = _read_peak(run, size) if error is None else (None, None)
     _release(run, failed=error is not None)  # outside the except block: the frames are gone
     kept = _kept(run, in_use) if error is not None else None
-    run.trials.append(Trial(size, error is None, peak, seconds, reason, error, peak_reserved, kept))
+    run.trials.append(Trial(size, error is None, peak, seconds, reason, error, peak_reserved, kept, predicted))
+    run.progress.call(size, error is None, peak, seconds, reason, run.calls, run.settings.max_trials)
     if run.backend is None and run.settings.backend is None and len(run.trials) == 1:
         _adopt(run)
+    if run.scale is not None:
+        run.scale.ran(size, error is None, kept_before, peak)
+    run.point_kept[size] = kept_before
     _record(run, size, error is None, peak)
 
 
 # --- the search ----------------------------------------------------------------------------------
 
 
+def _scale_limit(run: _Run) -> int | None:
+    """The limit the predicted peaks are held against (the pool's own overhead apart)."""
+    return None if run.limit is None else run.limit - run.overhead
+
+
+def _high(run: _Run) -> int | None:
+    """The largest size that can still fit: below the smallest failure, at most ``max_size``,
+    and, while the predictions are used, below the smallest size predicted past the capacity."""
+    bounds = [None if run.bad is None else run.bad - 1, run.settings.max_size, _line_bound(run)]
+    if run.scale is not None and run.scale.trusted:
+        bounds.append(run.scale.bound(_scale_limit(run), run.kept_total, run.good))
+    known = [x for x in bounds if x is not None]
+    return min(known) if known else None
+
+
+def _line_bound(run: _Run) -> int | None:
+    """Where a framework that never trades compute for memory (``Backend.rematerializes``) holds
+    a step whose peaks grow at least linearly, the sizes above the largest measured one that the
+    limit leaves room for: none past ``line_bound``. None unless a sure bound still stands."""
+    adapter = run.adapter
+    if adapter is None or adapter.rematerializes or run.limit is None or run.sure_refuted:
+        return None
+    # What failed trials kept since the largest point ran is lost to every size above it.
+    largest = max(run.points, default=None)
+    kept = 0 if largest is None else run.kept_total - run.point_kept.get(largest[0], run.kept_total)
+    return line_bound(run.points, run.limit - run.overhead - kept, run.baseline)
+
+
 def _converged(run: _Run) -> bool:
     """Whether the largest size that ran is within the margin of the largest that can fit."""
-    bounds = [x for x in (None if run.bad is None else run.bad - 1, run.settings.max_size) if x is not None]
-    high = min(bounds) if bounds else None
+    high = _high(run)
     return bool(run.good) and high is not None and run.good >= (1 - run.settings.margin) * high
 
 
+def _cautious(run: _Run) -> bool:
+    """Whether a failure costs much more than a run that fit: in time (``_COSTLY`` times the
+    median run's, and over ``_COSTLY_SECONDS``), or in what failures left in use for good (over
+    1% of the limit)."""
+    ran = [t.seconds for t in run.trials if t.fits]
+    worst = max((t.seconds for t in run.trials if not t.fits), default=0.0)
+    slow = bool(ran) and worst > max(_COSTLY * median(ran), _COSTLY_SECONDS)
+    return slow or (run.limit is not None and run.kept_total > 0.01 * run.limit)
+
+
 def _choose(run: _Run, convex: bool) -> tuple[int, str]:
-    """The next size to try, and why (see ``search_math.next_size``)."""
+    """The next size to try, and why: placed by the predictions while they hold, else as
+    ``search_math.next_size`` says, bisecting whenever the bracket stalls (``stalled``)."""
     if run.good == 0:
         assert run.bad is not None
         return max(1, run.bad // 2), "halve"
+    if run.scale is not None and run.scale.trusted:
+        placed = _place(run)
+        if placed is not None:
+            return placed
     # What failed trials kept for good is lost to every later trial (peaks measured after
     # it include it too: both err on the safe side).
     usable = None if run.limit is None else run.limit - run.overhead - run.kept_total
+    refuted = run.line_refuted_at is not None and len(run.points) <= run.line_refuted_at
+    run.last_predicted = None if refuted else predict(run.model, usable)
+    run.last_safe = None if run.sure_refuted else safe_size(run.points + run.bounded, run.baseline, usable)
     last = run.trials[-1]
-    return next_size(
+    cautious = _cautious(run)
+    # A failure refuted the sure bound while the peaks follow a line: the capacity lies under
+    # the limit, and the answer nearer the failure than ``good``.
+    linear = run.sure_refuted and run.model is not None
+    size, reason = next_size(
         run.good,
         run.bad,
         run.settings.max_size,
-        predict(run.model, usable),
+        run.last_predicted,
         run.settings.margin,
-        safe_size(run.points + run.bounded, run.baseline, usable),
+        run.last_safe,
         flat=plateau_ratio(run.points),
         convex=convex,
         saturated=run.bad is None and knee(run.points, run.limit) is not None,
+        streak=next((i for i, t in enumerate(reversed(run.trials)) if t.reason != "saturated"), len(run.trials)),
         refit=run.bad is not None and last.fits,
         jumped=last.fits and last.reason == "safe-jump",
+        cautious=cautious,
+        linear=linear,
     )
+    high = _high(run)
+    # The close step is exempt: it ends the search if it fails, and gains the margin if not.
+    if high is not None and reason != "close" and stalled(run.brackets, linear):
+        close = math.floor(run.good / (1 - run.settings.margin)) + 1
+        size, reason = max(split(run.good, high, 1 / 3 if cautious else 0.5, linear), close), "bisect"
+    return (size if high is None else min(size, high)), reason
+
+
+def _place(run: _Run) -> tuple[int, str] | None:
+    """With predictions: the largest size predicted under the limit; after the first failure,
+    the smallest size that ends the search if it fits (the capacity lies under the limit, most
+    often a little); after more, one predicted halfway (a third of the way when failures are
+    costly) from the largest run that fit to the ceiling the failures set. None: they cannot place it."""
+    scale, margin, good = run.scale, run.settings.margin, run.good
+    assert scale is not None
+    if len(scale.fails) == 1 and not run.trials[-1].fits and run.bad is not None:
+        below = math.ceil((1 - margin) * (run.bad - 1))
+        ceiling = scale.allowed(_scale_limit(run), run.kept_total, 1.0)
+        predicted = scale.peak(below) if good < below < run.bad else None
+        # Only where it fits beside what the failure left in use (XLA keeps its outputs).
+        if predicted is not None and ceiling is not None and predicted <= ceiling:
+            return below, "predicted-below"
+    share = 1.0 if not scale.fails else 1 / 3 if _cautious(run) else 0.5
+    allowed = scale.allowed(_scale_limit(run), run.kept_total, share)
+    if allowed is None:
+        scale.distrust = "no limit to hold the predicted peaks against"
+        return None
+    bounds = [x for x in (None if run.bad is None else run.bad - 1, run.settings.max_size) if x is not None]
+    # At the ceiling the largest size is wanted to within the margin; a split needs only its region
+    # (each compilation of a large step costs seconds on a GPU).
+    most = _COMPILES_PER_PLACEMENT if share == 1 else 1
+    found = scale.locate(allowed, good, min(bounds) if bounds else None, margin / 2, most)
+    high = _high(run)  # the compilations just made may bound it
+    close = math.floor(good / (1 - margin)) + 1
+    if found is None or found < close:
+        # Less than a margin to gain at the target: the smallest size that ends the search
+        # either way, where it may still fit (compiled first: predicted past the limit, it
+        # ends the search without a run).
+        if high is None or close > high or scale.peak(close) is None:
+            return None
+        return close, "close"
+    if share < 1 or high is None:
+        return found, "predicted-split" if share < 1 else "predicted"
+    # At the limit, a little under the largest size predicted to fit, as far as the answer
+    # stays within the margin: the capacity may lie a little under the limit.
+    aim = max(math.ceil((1 - margin) * high), math.floor(found * (1 - margin / 4)), good + 1)
+    return min(aim, found), "predicted"
+
+
+def _budget(run: _Run) -> int:
+    """The calls the search itself may make: ``max_trials``, less one kept for re-running the
+    answer once a trial failed (``confirm``)."""
+    settings = run.settings
+    keep = 1 if settings.confirm and run.good and run.bad is not None and settings.max_trials > 1 else 0
+    return settings.max_trials - keep
 
 
 def _nothing_fits(run: _Run) -> OutOfMemory:
@@ -496,17 +837,24 @@ def _nothing_fits(run: _Run) -> OutOfMemory:
 def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
     began = time.perf_counter()
     run = _open(settings)
-    size, reason = settings.start, "start"
-    while True:
-        _trial(step, run, size, reason)
-        if run.good == 0 and run.bad == 1:
-            raise _nothing_fits(run) from run.last_oom
-        run.model, convex = fit(run.points, baseline=run.baseline)
-        converged = _converged(run)
-        if converged or len(run.trials) >= settings.max_trials:
-            break
-        size, reason = _choose(run, convex)
-    return _finish(step, run, converged, began)
+    try:
+        size, reason = _first(run), "start"
+        while True:
+            _trial(step, run, size, reason)
+            if run.good == 0 and run.bad == 1:
+                raise _nothing_fits(run) from run.last_oom
+            run.model, convex = fit(run.points, baseline=run.baseline)
+            converged = _converged(run)
+            if converged or run.calls >= _budget(run):
+                break
+            size, reason = _choose(run, convex)
+            converged = _converged(run)  # the sizes compiled to place it may bound the answer
+            if converged:
+                break
+        return _finish(step, run, converged, began)
+    except KeyboardInterrupt as exc:
+        interrupted(exc, run.good or None, run.calls)
+        raise
 
 
 def _finish(step: Callable[[int], Any], run: _Run, converged: bool, began: float) -> BatchSizeSearch:
@@ -519,20 +867,24 @@ def _finish(step: Callable[[int], Any], run: _Run, converged: bool, began: float
             None,
         )
     # stacklevel 4: _finish, _search, find_batch_size (or the decorated function), the caller.
+    spent = (
+        f"max_trials={settings.max_trials} calls of the step ran out before the answer was within "
+        f"margin={settings.margin}; returning {run.good}, the largest size that ran"
+    )
     if not converged:
-        warnings.warn(
-            f"find_batch_size: max_trials={settings.max_trials} ran out before the answer was within "
-            f"margin={settings.margin}; returning {run.good}, the largest size that ran",
-            UnimemWarning,
-            stacklevel=4,
-        )
+        warnings.warn(f"find_batch_size: {spent}", UnimemWarning, stacklevel=4)
     answer, confirmations, confirmed, notes = _conclude(step, run)
     if confirmed is False:
         warnings.warn(f"find_batch_size: {notes[-1]}", UnimemWarning, stacklevel=4)
     _release(run, final=True)
     after = _snapshot(run)
-    if run.limit is None and settings.measure is None:
+    if run.limit is None and settings.measure is None and run.scale is None:
         notes.append("no memory limit known: searched by doubling and bisection, without a model")
+    if run.scale is not None and run.scale.distrust is not None:
+        notes.append(f"predictions (lower=) set aside: {run.scale.distrust}")
+    if not converged:
+        notes.insert(0, spent)
+    scale = run.scale
     return BatchSizeSearch(
         batch_size=answer,
         trials=tuple(run.trials),
@@ -549,6 +901,10 @@ def _finish(step: Callable[[int], Any], run: _Run, converged: bool, began: float
         notes=tuple(notes),
         confirmations=confirmations,
         confirmed=confirmed,
+        step_calls=run.calls,
+        failed_calls=run.failed_calls,
+        compile_calls=0 if scale is None else scale.compiles,
+        predictions=() if scale is None else tuple(sorted(scale.memo.items())),
     )
 
 
@@ -571,13 +927,23 @@ def _conclude(step: Callable[[int], Any], run: _Run) -> tuple[int, tuple[Trial, 
         )
         return good, (), False, notes
     answer, confirmations, confirmed = _confirm(step, run)
+    spent = f"max_trials={run.settings.max_trials} spent"
+    if confirmed is None and run.settings.confirm and _failed_after(run):
+        notes.append(f"{good} was not re-run after the search's last failure: {spent}")
     if confirmed is False:
         why = "the failed trials left memory in use (above)" if kept_total else "the pool is left fragmented"
+        lower = f", nor did {confirmations[-1].batch_size}" if len(confirmations) > 1 else f" (no size lower: {spent})"
         notes.append(
-            f"{good} ran during the search but not again after its last out-of-memory error, nor did "
-            f"{confirmations[-1].batch_size}: {why}; start a fresh process with batch size {good}"
+            f"{good} ran during the search but not again after its last out-of-memory error{lower}: {why}; "
+            f"start a fresh process with batch size {good}"
         )
     return answer, confirmations, confirmed, notes
+
+
+def _failed_after(run: _Run) -> bool:
+    """Whether a trial failed after the answer last ran."""
+    ran_at = max(i for i, t in enumerate(run.trials) if t.fits and t.batch_size == run.good)
+    return not all(t.fits for t in run.trials[ran_at + 1 :])
 
 
 def _kept_note(run: _Run) -> str | None:
@@ -595,12 +961,15 @@ def _kept_note(run: _Run) -> str | None:
 
 def _rerun(step: Callable[[int], Any], run: _Run, size: int, reason: str) -> Trial:
     """One call of ``step`` after the search, released like a trial; its peak is no point of the fit."""
-    t0 = time.perf_counter()
+    t0 = _clock()
+    run.calls += 1
     error, _ = _attempt(step, size, True, run.adapter)
-    seconds = time.perf_counter() - t0
+    seconds = _clock() - t0
+    run.failed_calls += error is not None
     if run.settings.measure is not None:
         run.settings.measure()  # drop this call's peak, so no later reading sees it
     _release(run, failed=error is not None)
+    run.progress.call(size, error is None, None, seconds, reason, run.calls, run.settings.max_trials)
     return Trial(size, error is None, None, seconds, reason, error)
 
 
@@ -616,17 +985,20 @@ def _confirm(step: Callable[[int], Any], run: _Run) -> tuple[int, tuple[Trial, .
     """Re-run the answer when a trial failed after it ran: what fits near the limit depends
     on the pool's history (cached segments split by the failed step; a pool after an OOM),
     and the caller will run it next. If it fails, one step down by the margin; after one
-    that runs, a call at ``start`` ("settle"). Returns the answer, the re-runs, and whether
-    one ran (None: not needed)."""
+    that runs, a call at ``start`` ("settle") where the framework asks for one
+    (``Backend.settle_call``). Every call counts against ``max_trials``.
+    Returns the answer, the re-runs, and whether one ran (None: not needed, or no call left)."""
     settings, good = run.settings, run.good
-    ran_at = max(i for i, t in enumerate(run.trials) if t.fits and t.batch_size == good)
-    if not settings.confirm or all(t.fits for t in run.trials[ran_at + 1 :]):
+    if not settings.confirm or not _failed_after(run):
         return good, (), None
     done: list[Trial] = []
-    for size in dict.fromkeys((good, max(1, math.floor(good * (1 - settings.margin))))):
+    # One step down: the smallest size still within the margin of any size below ``good``.
+    for size in dict.fromkeys((good, max(1, math.ceil((1 - settings.margin) * (good - 1))))):
+        if run.calls >= settings.max_trials:
+            break
         done.append(_rerun(step, run, size, "confirm"))
         if done[-1].fits:
-            if settings.start < size:
+            if settings.start < size and run.calls < settings.max_trials and run.adapter and run.adapter.settle_call:
                 # What the step keeps between calls (gradients set to None at the next step's
                 # start) was allocated inside the answer's large segments, which it now pins:
                 # one call at ``start``, with the pool released where the framework says
@@ -635,7 +1007,7 @@ def _confirm(step: Callable[[int], Any], run: _Run) -> tuple[int, tuple[Trial, .
                 with _settling(run):
                     done.append(_rerun(step, run, settings.start, "settle"))
             return size, tuple(done), True
-    return good, tuple(done), False
+    return good, tuple(done), (False if done else None)
 
 
 @overload
@@ -653,6 +1025,8 @@ def find_batch_size(
     max_trials: int = ...,
     return_trials: Literal[False] = ...,
     confirm: bool = ...,
+    lower: Callable[[int], Any] | None = ...,
+    progress: bool | None = ...,
 ) -> int: ...
 
 
@@ -671,6 +1045,8 @@ def find_batch_size(
     max_trials: int = ...,
     return_trials: Literal[True],
     confirm: bool = ...,
+    lower: Callable[[int], Any] | None = ...,
+    progress: bool | None = ...,
 ) -> BatchSizeSearch: ...
 
 
@@ -689,6 +1065,8 @@ def find_batch_size(
     max_trials: int = ...,
     return_trials: bool = ...,
     confirm: bool = ...,
+    lower: Callable[[int], Any] | None = ...,
+    progress: bool | None = ...,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
@@ -706,50 +1084,118 @@ def find_batch_size(
     max_trials: int = 20,
     return_trials: bool = False,
     confirm: bool = True,
+    lower: Callable[[int], Any] | None = None,
+    progress: bool | None = None,
 ) -> int | BatchSizeSearch | Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The largest batch size for which ``step(batch_size)`` runs without running out of memory.
 
-    ``step`` runs one training step at the given batch size and lets the framework's
-    out-of-memory error propagate (any framework: see ``unimem.is_oom``); other errors
-    stop the search and propagate. The answer is a size that ran, at least
-    ``(1 - margin)`` × the largest that fits and never above it; ``margin=0`` searches to
-    the exact size. ``max_size`` bounds it from above. Afterwards the process holds no
-    more memory than before: the failed trials' references are dropped and
-    ``clear_cache`` runs.
-
-    Memory figures make it fast: each trial's peak (``stats().peak_allocated`` after
-    ``reset_peak()``, or ``measure()``, called after each trial that fit and returning that
-    trial's peak bytes), fitted linearly, predicts the size that reaches ``limit``
-    (default: the framework's cap from ``stats().limit``; for torch no more than its pool
-    plus the device's free bytes, less the pool's own overhead). ``baseline`` is the bytes
-    in use before the search that every peak includes (default: ``stats().allocated``
-    before the search; None with ``measure=`` unless given): with it, one trial already
-    gives a size that surely fits. Where the figures are None (the CPU, a framework that
-    keeps none) and no ``measure=`` is given, the search doubles from ``start`` until a
-    failure and then bisects: it still finds the size, in more trials. ``limit=`` without
-    any figure to hold against it is a ``ConfigError``.
-
-    Near the limit, what fits depends on the pool's history: a size that ran during the
-    search may fail after a later trial's out-of-memory error (torch's split cached
-    segments; JAX's pool after an OOM, which then fits about half as much: docs/measurements.md).
-    With ``confirm=True`` (the default) the answer is re-run once after the search when a
-    trial failed after it ran (not counted in ``trials``); if that fails, one size lower by
-    ``margin`` is tried and returned if it runs (then one call at ``start`` lets go of the
-    large blocks the step's kept state sat in); if neither runs, the answer is returned
-    with a ``UnimemWarning`` and ``confirmed=False``: start a fresh process with it.
+    Afterwards the process holds no more memory than before: the failed trials' references are
+    dropped and ``clear_cache`` runs. Memory figures make it fast: each trial's peak, fitted
+    linearly, predicts the size that reaches ``limit``; with ``baseline``, one trial already gives
+    a size that surely fits. Where the figures are None (the CPU, a framework that keeps none)
+    and no ``measure=`` is given, the search doubles from ``start`` until a failure and then
+    bisects: it still finds the size, in more trials. Every call of ``step`` counts against
+    ``max_trials``, and the search always ends: a failure refutes what said it would fit, and
+    a bracket two trials did not halve is bisected.
 
     JAX: each failed trial costs about 10 s and keeps the step's outputs in use for good
-    (XLA; measured, held against the cap, and named in ``notes``). A step that donates its
-    state (``donate_argnums``) loses it at the first failure: search with one that does not.
+    (XLA; measured, held against the cap, and named in ``notes``); when failures cost far more
+    than runs, the search approaches from below. A step that donates its state
+    (``donate_argnums``) loses it at the first failure: search with one that does not.
+    ``lower=`` (below) lets it run only sizes predicted to fit.
 
-    ``return_trials=True`` returns a ``BatchSizeSearch`` with every trial (size, fit or
-    not, peak, seconds, why it was tried) instead of the int. Without ``step`` it is a
-    decorator: ``@find_batch_size(start=8)`` over ``def step(batch_size, *args)`` gives a
-    function of ``*args`` that runs the search and returns its answer (also kept as
-    ``.last_search``). Bad arguments raise ``ConfigError`` before any trial runs.
+    Args:
+        step: Runs one training step at the given batch size and lets the framework's
+            out-of-memory error propagate (any framework: see ``unimem.is_oom``); other errors
+            stop the search and propagate. None (default): return a decorator:
+            ``@find_batch_size(start=8)`` over ``def step(batch_size, *args)`` gives a function
+            of ``*args`` that runs the search and returns its answer (also kept as ``.last_search``).
+        start: The first size to try, an int of 1 or more (required); halved until one fits.
+        backend: The framework whose figures are read; None (default): the one configured, else
+            the one imported, else the one the first trial imports.
+        device: The device index (default 0).
+        max_size: Bounds the answer from above (at least ``start``); None (default): no bound.
+        margin: The answer is a size that ran, at least ``(1 - margin)`` × the largest that fits
+            and never above it; a share in [0, 1) (default 0.05); ``margin=0`` searches to the
+            exact size.
+        measure: Called after each trial that fit, returns that trial's peak bytes; None
+            (default): ``stats().peak_allocated`` after ``reset_peak()``.
+        limit: Bytes (or a size such as ``"20GiB"``) a trial's peak may reach. Default: the
+            framework's cap from ``stats().limit``; for torch no more than its pool plus the
+            device's free bytes, less the pool's own overhead.
+        baseline: The bytes in use before the search that every peak includes (default:
+            ``stats().allocated`` before the search; None with ``measure=`` unless given).
+        max_trials: The most calls of ``step`` (default 20), counting every one: the trials and
+            ``confirm``'s re-runs. When they run out, the answer is the largest size that ran.
+        return_trials: True returns a ``BatchSizeSearch`` with every trial (size, fit or not,
+            peak, seconds, why it was tried) instead of the int.
+        confirm: Near the limit what fits depends on the pool's history: a size that ran may fail
+            after a later trial's out-of-memory error (torch's split cached segments; JAX's pool
+            after an OOM, which then fits about half as much: docs/measurements.md). With True
+            (default) the answer is re-run once after the search when a trial failed after it
+            ran; if that fails, one size lower by ``margin`` is tried and returned if it runs
+            (then, for torch, one call at ``start`` lets go of the large blocks the step's kept
+            state sat in); if neither runs, the answer is returned with ``confirmed=False``.
+            These calls count against ``max_trials``, which keeps one for them once a trial failed.
+        lower: ``lower(n)`` returns the step lowered for batch size ``n`` without running it, so
+            the framework can predict its peak (``Backend.predict_peak``), or that peak in bytes
+            as an int (any framework). None (default): no prediction (torch and TensorFlow have
+            none to give: their search starts from a small real trial). See "What ``lower=``
+            takes" below.
+        progress: A line per call of ``step`` (and per compilation) on stderr: size, fit or
+            out of memory, peak, seconds. None (default): when stderr is a terminal.
+
+    Returns:
+        The answer (``int``); a ``BatchSizeSearch`` with ``return_trials=True``; a decorator
+        without ``step``.
+
+    Raises:
+        ConfigError: Bad arguments, before any trial runs (``exc.parameter`` names it); also
+            ``limit=`` without any figure to hold it against (no framework, no ``measure=``), and
+            several frameworks in use with ``backend=None``: pass ``backend=``.
+        OutOfMemory: Even batch size 1 does not fit (``exc.report`` explains it), or no size fit
+            in ``max_trials`` trials: start lower or raise ``max_trials``.
+        KeyboardInterrupt: Ctrl-C during the search, re-raised with the largest size that ran so
+            far as ``exc.unimem_best_size`` (None when none ran) and, on Python 3.11+, a note
+            saying so.
+
+    Warns:
+        UnimemWarning: ``max_trials`` ran out before the answer was within ``margin``; or the
+            answer did not run again (``confirmed=False``): start a fresh process with it.
+
+    Example:
+        ```python
+        size = unimem.find_batch_size(lambda n: train_step(make_batch(n)), start=8, backend="torch")
+        ```
+
+    What ``lower=`` takes: a callable of the batch size returning what the framework compiles
+    and sizes without running it. For JAX, the jitted step lowered with the arguments it is
+    called with, the batch given as shapes so that nothing is allocated, e.g.
+    ``lambda n: train.lower(params, opt_state, jax.ShapeDtypeStruct((n, 1024), jnp.float32))``
+    where ``step(n)`` calls ``train(params, opt_state, batch_of(n))`` (a ``jax.stages.Traced``,
+    ``Lowered`` or ``Compiled`` all do). The peak is XLA's ``memory_analysis()``: its
+    ``peak_memory_in_bytes`` on a GPU, arguments + outputs + temporaries - aliased on the CPU,
+    where XLA's own field leaves the temporaries out. Each size is compiled once, at most
+    ``2 × max_trials`` of them (``compile_calls``); a lowering that runs out of memory means the
+    size does not fit; one the framework cannot size is a ``ConfigError`` naming ``lower``
+    before any call of ``step``. With ``lower=``, ``limit=`` needs no other figure. The
+    predictions are held against the measured peaks where there are some, and set aside (with
+    a note) when the runs contradict them.
     """
     settings = _check(
-        start, backend, device, max_size, margin, measure, limit, baseline, max_trials, return_trials, confirm
+        start,
+        backend,
+        device,
+        max_size,
+        margin,
+        measure,
+        limit,
+        baseline,
+        max_trials,
+        return_trials,
+        confirm,
+        lower,
+        progress,
     )
     if step is None:
         return _decorator(settings)

@@ -14,6 +14,8 @@ __all__ = [
     "fit",
     "fit_linear",
     "knee",
+    "line_bound",
+    "log_width",
     "median",
     "next_size",
     "plateau_ratio",
@@ -21,6 +23,8 @@ __all__ = [
     "ran_past_the_cap",
     "safe_size",
     "saturation_note",
+    "split",
+    "stalled",
 ]
 
 
@@ -146,6 +150,9 @@ def next_size(
     jumped: bool = False,
     saturated: bool = False,
     refit: bool = False,
+    cautious: bool = False,
+    streak: int = 0,
+    linear: bool = False,
 ) -> tuple[int, str]:
     """The next size to try, and why. ``good`` >= 1 is the largest that fit, ``bad`` the
     smallest that did not; ``predicted`` is the linear fit's answer and ``safe`` the
@@ -156,7 +163,13 @@ def next_size(
     ``saturated``: the peaks stopped growing near the limit (see ``knee``) and nothing
     failed yet: only a step by the margin is safe (a failed trial can cost seconds and
     leave the step's outputs in use); ``refit``: a size fit after the smallest failure, so ``predicted``
-    comes from a point the failure did not.
+    comes from a point the failure did not; ``cautious``: a failure costs much more than a run
+    that fits (JAX), so the search approaches from below: a bracket is split a third of the way
+    up (in log-size) rather than halfway;
+    ``streak``: how many sizes in a row ran as ``saturated`` steps: past three (15% at a 5%
+    margin, the stretch XLA's rematerialization gave on the GPU), each step doubles;
+    ``linear``: a failure refuted the limit (the capacity lies under it) while the peaks are a
+    line, so the answer is near the top of the bracket and it is split in size, not log-size.
 
     The answer lies between a lower estimate (``good``, raised to ``safe``) and an upper
     one (the prediction, else one below the smallest failure). A step's peak is often
@@ -198,11 +211,18 @@ def next_size(
     else:
         # Far apart, or the prediction was refuted by a failure below it: log-bisect.
         base = max(low, 1)
-        size = max(low, math.floor(math.sqrt(base * top)) if top > base else top)
+        share = 1 / 3 if cautious and bad is not None else 0.5
+        if top <= base:
+            middle = top
+        elif linear or share < 0.5:
+            middle = split(base, top, share, linear)
+        else:
+            middle = math.floor(math.sqrt(base * top))
+        size = max(low, middle)
         reason = "predict-far" if top == predicted else "bisect"
     close = math.floor(good / (1 - margin)) + 1
     if saturated:
-        size, reason = close, "saturated"
+        size, reason = math.floor(good / (1 - margin) ** (2 ** max(0, streak - 2))) + 1, "saturated"
     if size < close:
         # Near the edge: the smallest size whose failure ends the search beats a small
         # step up (it fails and ends it, or fits and gains more).
@@ -211,6 +231,72 @@ def next_size(
     if high is not None:
         size = min(size, high)
     return size, reason
+
+
+def log_width(good: int, high: int | None) -> float | None:
+    """How far apart the bracket's ends are, in log-size (0 once they meet); None without an upper end."""
+    if high is None or good < 1:
+        return None
+    return math.log(high / good) if high > good else 0.0
+
+
+def split(good: int, high: int, share: float = 0.5, linear: bool = False) -> int:
+    """The size ``share`` of the way from ``good`` to ``high`` (0.5: the middle), in log-size
+    (their geometric mean at 0.5) or, ``linear``, in size; strictly above ``good``, at most ``high``."""
+    if linear:
+        size = math.floor(good + share * (high - good))
+    else:
+        size = math.floor(math.exp((1 - share) * math.log(max(good, 1)) + share * math.log(high)))
+    return min(high, max(good + 1, size))
+
+
+def stalled(brackets: list[tuple[int, int]], linear: bool = False) -> bool:
+    """Whether the last two trials left the bracket ``(good, high)`` more than half as wide as
+    it was before them: in log-size, or ``linear``, in size. A model's choices can each shave a
+    sliver off one end (a line refitted to each failure, a bound lowered by what each failure
+    kept); a bisection after two such trials keeps the bracket shrinking geometrically, so the
+    search always ends."""
+    if len(brackets) < 3:
+        return False
+    widths = [float(h - g) if linear else (log_width(g, h) or 0.0) for g, h in brackets[-3:]]
+    return widths[-1] > 0.5 * widths[0]
+
+
+# What a measured peak may be off by, as a share of it, where ``line_bound`` is used: frameworks
+# that count every allocation (torch, CuPy) read their peaks exactly, but for the pool's rounding.
+PEAK_NOISE = 0.01
+# Points this far apart at least (as a ratio of sizes) set a slope that a noisy peak barely moves.
+SPREAD = 1.25
+# A line is extrapolated over this share of the step's own bytes at most.
+SHORT_REACH = 0.05
+
+
+def line_bound(points: list[tuple[int, int]], usable: int, baseline: int | None) -> int | None:
+    """The largest size that can fit if the peak grows at least as fast per sample above the
+    largest size measured as it did just below it (a line or a convex curve: fixed costs plus
+    activations, with nothing that saves memory near the limit): the largest size, plus the
+    bytes left under ``usable`` over that slope (half again, for the slope's own error), and a
+    noisy reading's worth more.
+    None while the last three points, each ``SPREAD`` apart, do not show such growth well above
+    the noise, or the largest peak is not within ``SHORT_REACH`` of ``usable`` (a line is trusted
+    over a short reach only)."""
+    ordered = sorted(points)
+    if len(ordered) < 3:
+        return None
+    n2, p2 = ordered[-1]
+    below = [(n, p) for n, p in ordered if n * SPREAD <= n2]
+    further = [] if not below else [(n, p) for n, p in ordered if n * SPREAD <= below[-1][0]]
+    if not further:
+        return None
+    (n1, p1), (n0, p0) = below[-1], further[-1]
+    slope, before = (p2 - p1) / (n2 - n1), (p1 - p0) / (n1 - n0)
+    own = p2 - (baseline if baseline is not None else p0)
+    room = usable - p2
+    # The rise the slope is read from must dwarf what noisy readings could make of it.
+    steady = p2 - p1 >= 8 * PEAK_NOISE * own and p1 > p0
+    if not steady or slope < 0.9 * before or room > SHORT_REACH * own:
+        return None
+    return n2 + math.floor((1.5 * max(room, 0) + PEAK_NOISE * own) / slope)
 
 
 def knee(points: list[tuple[int, int]], limit: int | None) -> int | None:

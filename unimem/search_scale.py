@@ -1,0 +1,181 @@
+"""The batch-size search's predicted scale: each size's peak as the framework predicts it from
+the compiled step (``find_batch_size(lower=...)``), and what the runs say about the capacity.
+
+A prediction costs a compilation and no run, so the search runs only sizes predicted to fit
+the capacity it still believes in. That capacity is not the limit (a pool grown on demand
+fits less than its limit), so the runs place it on the same scale: a size that ran says the
+capacity holds its predicted peak, one that failed says it is below. Both are kept in
+"fresh" bytes: the predicted peak, plus the bytes in use beside what the prediction counts
+(``offset``, calibrated from measured peaks), plus what earlier failures left in use.
+
+No I/O, no framework, no clock: the predictor is a callable, so the scale is tested with
+simulated predictions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["OVER", "Scale"]
+
+OVER = 1 << 62  # the predicted peak of a size whose lowering itself ran out of memory
+
+# A step's measured peak beyond this share of its predicted one (after the offset) means the
+# predictions miss what the step holds: the search stops using them.
+MISS = 0.10
+# What a measured peak may be off by (an allocator's rounding), as a share of it: the bytes
+# beside the predictions bound the sizes only less this.
+NOISE = 0.03
+# Without a second predicted size, a size this many times larger is the next one compiled.
+GROWTH = 32
+# The most a line through the compiled sizes is extrapolated in one step.
+REACH = 1024
+
+
+@dataclass
+class Scale:
+    """What the search knows on the predicted scale. ``predictor(n)`` returns the predicted
+    peak bytes of size ``n`` (``OVER`` when lowering it ran out of memory), or None when it
+    cannot be predicted."""
+
+    predictor: Callable[[int], int | None]
+    budget: int  # compilations allowed in all
+    memo: dict[int, int] = field(default_factory=dict)
+    compiles: int = 0
+    # Measured peak - predicted - bytes earlier failures left, per run that fit with a measured
+    # peak: what is in use beside what the predictions count (other arrays, a dataset).
+    besides: list[tuple[int, int]] = field(default_factory=list)  # (bytes beside, measured peak)
+    fits: list[tuple[int, int]] = field(default_factory=list)  # (predicted, kept before) of runs that fit
+    fails: list[tuple[int, int]] = field(default_factory=list)  # the same of runs that failed
+    distrust: str | None = None  # why the predictions are no longer used
+
+    @property
+    def trusted(self) -> bool:
+        return self.distrust is None
+
+    @property
+    def offset(self) -> int:
+        """The bytes beside the predictions where the next run is placed: the least measured (0 before any)."""
+        return max(0, min(b for b, _ in self.besides)) if self.besides else 0
+
+    @property
+    def sure_offset(self) -> int:
+        """The bytes beside the predictions that surely are: the least measured, less what a
+        measured peak may be off by, so that a noisy reading never rules out a size that fits."""
+        return max(0, min(b - math.ceil(NOISE * m) for b, m in self.besides)) if self.besides else 0
+
+    def peak(self, size: int) -> int | None:
+        """The predicted peak of ``size``, compiled once; None when the budget is spent or it cannot be predicted."""
+        if size in self.memo:
+            return self.memo[size]
+        if self.compiles >= self.budget:
+            return None
+        self.compiles += 1
+        value = self.predictor(size)
+        if value is None:
+            return None
+        self.memo[size] = int(value)
+        return self.memo[size]
+
+    # --- what the runs say ---------------------------------------------------------------------
+
+    def ran(self, size: int, fits: bool, kept_before: int, measured: int | None) -> None:
+        """Record a run of ``size`` (compiled before it ran) with ``kept_before`` bytes left by
+        earlier failures; a run that fit with a measured peak calibrates the offset."""
+        predicted = self.memo.get(size)
+        if predicted is None or not self.trusted:
+            return
+        if fits and measured is not None:
+            beside = measured - predicted - kept_before
+            if self.besides and abs(beside - self.offset) > MISS * max(measured, 1):
+                self.distrust = (
+                    f"a measured peak ({measured} B) is {abs(beside - self.offset) / max(measured, 1):.0%} away "
+                    "from its prediction: the predictions miss what the step holds"
+                )
+                return
+            self.besides.append((beside, measured))
+        (self.fits if fits else self.fails).append((predicted, kept_before))
+        if self.fits and self.fails and max(map(sum, self.fits)) >= min(map(sum, self.fails)):
+            self.distrust = (
+                "a size predicted to need no more than one that ran did not fit: the predictions do not "
+                "order the sizes as the device does"
+            )
+
+    def ceiling(self, limit: int | None) -> int | None:
+        """The most bytes (as a fresh process holds them) a run may reach: the limit, and less
+        than every failure's."""
+        bounds = ([] if limit is None else [limit]) + [p + self.offset + kept - 1 for p, kept in self.fails]
+        return min(bounds) if bounds else None
+
+    def allowed(self, limit: int | None, kept_now: int, share: float) -> int | None:
+        """The predicted peak the next run may have: under the ceiling, or with failures ``share``
+        of the way from the largest run that fit to it (a bisection on this scale at 0.5)."""
+        top = self.ceiling(limit)
+        if top is None:
+            return None
+        if self.fails and self.fits and share < 1:
+            floor = max(p + self.offset + kept for p, kept in self.fits)
+            top = floor + math.floor(share * (top - floor))
+        return top - self.offset - kept_now
+
+    def bound(self, limit: int | None, kept_now: int, above: int) -> int | None:
+        """One below the smallest compiled size above ``above`` that cannot fit now: predicted past
+        the limit, or past what a failure showed the device holds, beside what is in use now (a
+        failure's outputs left in use take room from every later run). None when no compiled size is."""
+        # A failure's own bound widens by how much the measured peaks have strayed from the
+        # predictions (their spread): kept bytes move it by bytes the predictions may misscale.
+        spread = max(b for b, _ in self.besides) - min(b for b, _ in self.besides) if self.besides else 0
+        tops = [p + self.sure_offset + spread + kept - 1 for p, kept in self.fails]
+        tops += [] if limit is None else [limit]
+        if not tops:
+            return None
+        over = [n for n, p in self.memo.items() if n > above and p + self.sure_offset + kept_now > min(tops)]
+        return min(over) - 1 if over else None
+
+    # --- where the next run goes ------------------------------------------------------------------
+
+    def locate(self, allowed: int, good: int, high: int | None, tolerance: float, most: int) -> int | None:
+        """The largest size above ``good`` and at most ``high`` predicted at most ``allowed``,
+        to within ``tolerance`` of the size (exactly at 0), in at most ``most`` compilations;
+        None when none above ``good`` is. A secant on the compiled sizes, then the smallest
+        size whose prediction would close the bracket, so a near-linear peak takes three."""
+        low: int | None = None
+        for attempt in range(most + 1):
+            inside = [n for n, p in self.memo.items() if p <= allowed and n >= good and (high is None or n <= high)]
+            if not inside:
+                return None
+            low = max(inside)
+            above = [n for n, p in self.memo.items() if n > low and p > allowed]
+            out = min(above) if above else None
+            ends = [x for x in (None if out is None else out - 1, high) if x is not None]
+            top = min(ends) if ends else None
+            if attempt == most or (top is not None and low >= (1 - tolerance) * top):
+                break
+            size = self._candidate(allowed, low, out, tolerance)
+            if top is not None:
+                size = min(size, top)
+            if size <= low or self.peak(size) is None:
+                break
+        return low if low is not None and low > good else None
+
+    def _candidate(self, allowed: int, low: int, out: int | None, tolerance: float) -> int:
+        """The next size to compile, at least the smallest one that would close the bracket:
+        inside a bracket, where the line through its ends crosses ``allowed`` (regula falsi);
+        past every compiled size, where the line through ``low`` and the compiled size predicted
+        nearest ``allowed`` does (growing at most ``REACH`` times a step)."""
+        closing = math.floor(low / (1 - tolerance)) + 1 if tolerance > 0 else low + 1
+        at_low = self.memo[low]
+        if out is not None:
+            at_out = self.memo[out]
+            guess = low + (allowed - at_low) * (out - low) / (at_out - at_low) if at_out < OVER else (low + out) / 2
+            return max(closing, min(math.floor(guess), out - 1))
+        others = [(abs(p - allowed), n) for n, p in self.memo.items() if n != low and p < OVER]
+        slope = 0.0
+        if others:
+            n = min(others)[1]
+            slope = (self.memo[n] - at_low) / (n - low)
+        if slope <= 0:
+            return max(closing, GROWTH * low)
+        return max(closing, min(math.floor(low + (allowed - at_low) / slope), REACH * low))
