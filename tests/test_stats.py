@@ -26,6 +26,7 @@ DESIGN_FIELDS = [
     "device_total",
     "device_free",
     "process_used",
+    "host_rss",
     "timestamp",
 ]
 MIB = 1 << 20

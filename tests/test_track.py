@@ -22,6 +22,8 @@ from unimem.support import Level, Support
 class FakeAllocator:
     """A framework allocator: live bytes, a pool, and a peak counter."""
 
+    peak_reset_exact = False  # an emulated reset here is JAX's: the peak cannot restart
+
     def __init__(self, name: str, reset: Level) -> None:
         self.name = name
         self.CAPABILITIES = {"reset_peak": Support(reset)}
@@ -40,7 +42,7 @@ class FakeAllocator:
     def free(self, size: int) -> None:
         self.allocated -= size
 
-    def stats(self, device: int = 0) -> MemoryStats:
+    def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
         return MemoryStats(
             self.name,
             device,

@@ -8,11 +8,11 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import registry
+from . import host_memory, in_force, ranks, registry
 from .applied import Action, Applied
 from .config import ENV_VARS, Request, Settings, check_device, parse_env
 from .errors import BackendUnavailable, ConfigError, TooLateError, UnimemWarning, UnsupportedFeature
-from .memory_stats import MemoryStats
+from .memory_stats import MemoryStats, with_host_rss
 from .support import Support
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def configure(
     limit: int | str | dict[str, int | str] | None = None,
     growth: bool | None = None,
     allocator: str | None = None,
-    devices: Sequence[int] | int | None = None,
+    devices: Sequence[int] | int | str | None = None,
     strict: bool = True,
 ) -> Applied:
     """Say what memory behaviour you want; unimem makes each framework do it.
@@ -86,7 +86,16 @@ def configure(
 
     When several frameworks share the process and ``growth`` is not given, growth is turned on for
     a framework that would otherwise preallocate most of the device (unless its preallocation
-    variable is set); the ``Action``'s note says so, and ``growth=False`` keeps preallocation.
+    variable is set, or growth was given in an earlier call); the ``Action``'s note says so, and
+    ``growth=False`` keeps preallocation.
+
+    Calls add up: a setting stays in force until a later call for the same backend replaces it
+    (``Action.replaced`` says what it replaced; ``unimem.configuration()`` reads what is in
+    force). A call is validated against what is in force as one call is against itself: the
+    shares of one device add up across calls, a backend's settings must still combine, and
+    ``devices``, one ``CUDA_VISIBLE_DEVICES`` for the process, must agree. A share given with
+    ``backend="auto"`` before any framework is imported is for whichever one the script uses:
+    it counts once that framework is imported.
 
     Args:
         backend: ``"auto"`` (default) takes the frameworks already imported; when none is, every
@@ -103,19 +112,30 @@ def configure(
         allocator: ``"default"``, ``"async"`` (cudaMallocAsync), ``"expandable"`` (expandable
             segments) or ``"uncached"`` (memory returns on free); None (default): as it is.
         devices: The device indices the framework may see (``CUDA_VISIBLE_DEVICES`` semantics, counted
-            among those this process can already see), an ``int`` or a list; None (default): as they are.
+            among those this process can already see), an ``int`` or a list; None (default): as they are,
+            and under a launcher (torchrun, SLURM, MPI) each rank is pinned to its own GPU by the
+            framework's device call at start (an action ``"pin"``; ranks sharing a GPU split a
+            ``fraction``); ``"per-rank"``: pinned through ``CUDA_VISIBLE_DEVICES`` instead (the rank
+            then sees its GPU as device 0). See ``unimem.ranks``.
         strict: True (default) raises for a setting too late or unsupported; False skips it with a
             ``UnimemWarning`` and a ``"skipped"`` action.
 
     Returns:
         An ``Action`` per backend and setting, with its method (``"api"``, ``"env"``, ``"hook"``)
-        and status (``"applied"``, ``"pending"``, ``"unchanged"``, ``"skipped"``); ``str()`` is a table.
+        and status (``"applied"``, ``"pending"``, ``"unchanged"``, ``"skipped"``, or
+        ``"no-device"``: this host has no GPU for it to act on, as the framework or, before its
+        import, NVML's device count says); ``str()`` is a table. Where NVML cannot count GPUs
+        (no NVIDIA driver loaded) a setting waiting for the framework stays ``"pending"`` and
+        ``Applied.note`` says so.
 
     Raises:
         ConfigError: An argument is invalid (``exc.parameter`` names it): an unknown or repeated
-            backend, a share outside (0, 1] or adding up to more than 1, ``fraction`` with ``limit``,
-            a split naming a backend not configured, an unreadable size or allocator, bad or hidden
-            device indices, a combination the backend cannot take (TensorFlow's growth with a cap).
+            backend, a share outside (0, 1] or adding up to more than 1 (with the shares in force
+            from earlier calls, and counting a share given to several named backends once for
+            each), ``fraction`` with ``limit``, a split naming a backend not configured, an
+            unreadable size or allocator, bad or hidden device indices, ``devices`` other than
+            another backend's in force, a combination the backend cannot take (TensorFlow's growth
+            with a cap, also beside a setting from an earlier call). Nothing is changed.
         BackendUnavailable: A named framework is not installed, or ``"auto"`` finds none; the
             message says what to ``pip install``.
         UnsupportedFeature: With ``strict=True``, a backend can never make a setting (see
@@ -124,8 +144,9 @@ def configure(
             started): call ``configure`` earlier, restart the process, or pass ``strict=False``.
 
     Warns:
-        UnimemWarning: For each setting skipped (with ``strict=False``, one too late or unsupported);
-            the action's note says why.
+        UnimemWarning: For each setting skipped (with ``strict=False``, one too late or unsupported)
+            or with no device to act on, the action's note says why; for each that replaces a
+            setting of an earlier call, what it replaced.
 
     Example:
         ```python
@@ -137,22 +158,28 @@ def configure(
         raise ConfigError("strict", f"expected True or False, got {strict!r}")
     with _lock:
         names = _resolve_for_configure(backend, fraction, limit)
+        devices_asked = ranks.configure_devices(devices)  # "per-rank" is made by pin_steps, not the model
         request = Request.build(
-            names, fraction=fraction, limit=limit, growth=growth, allocator=allocator, devices=devices
+            names, fraction=fraction, limit=limit, growth=growth, allocator=allocator, devices=devices_asked
         )
         auto = isinstance(backend, str) and backend.strip().lower() == "auto"
         split = isinstance(fraction, dict) or isinstance(limit, dict)
         settings = dict(request.settings)
         defaulted = _safe_growth_default(backend, request.backends, settings, growth, fraction, limit)
-        plans = _plan(request.backends, settings, spread=auto and not registry.imported_frameworks())
+        spread = auto and not registry.imported_frameworks()
+        pins = ranks.pin_steps(request.backends, settings, devices=devices, spread=spread)  # may split a fraction
+        in_force.check_call(request.backends, settings, spread=spread)  # against earlier calls
+        plans = pins + _plan(request.backends, settings, spread=spread)
+        in_force.check_combined(request.backends, settings)
         _explain_defaults(plans, defaulted)
         _refuse(plans, strict)
-        actions = _apply(plans)
+        note = in_force.mark_no_device(plans)
+        actions = in_force.record(_apply(plans), tentative=spread)
         # Only backends the user named (or that were in use) make stats() unambiguous;
         # "auto" spreading settings over every installed framework must not.
         in_use = registry.imported_frameworks()
         registry.note_configured([name for name in request.backends if split or not auto or name in in_use])
-        return Applied(tuple(actions), request.backends)
+        return Applied(tuple(actions), request.backends, note)
 
 
 def _plan(names: tuple[str, ...], settings: dict[str, Settings], *, spread: bool) -> list[Step]:
@@ -237,7 +264,11 @@ def _apply(plans: list[Step]) -> list[Action]:
         elif step.status == "skipped":
             warnings.warn(f"{step.backend}: {step.setting} not applied: {step.note}", UnimemWarning, stacklevel=3)
         elif step.run is not None and step.status != "unchanged":
-            step.run()
+            step.run()  # a "no-device" step too: it is made, though nothing here takes it
+        if status == "no-device":
+            warnings.warn(
+                f"{step.backend}: {step.setting} has nothing to act on: {step.note}", UnimemWarning, stacklevel=3
+            )
         actions.append(Action(step.backend, step.setting, step.value, step.method, step.target, status, note))
     return actions
 
@@ -274,6 +305,8 @@ def _safe_growth_default(
     for name in names:
         if name not in sharing or not registry.get_backend(name).takes_safe_growth(settings[name]):
             continue
+        if in_force.settings_in_force(name).growth is not None:
+            continue  # growth given in an earlier call stays: a default never replaces it
         settings[name] = dataclasses.replace(settings[name], growth=True)
         changed[name] = sharing
     return changed
@@ -324,18 +357,19 @@ def stats(backend: str | None = None, device: int = 0, *, nvml: bool = True) -> 
     """Memory of ``device`` as ``backend`` and NVML see it; unknown figures are None.
 
     Never starts a framework's device runtime: before it started, its figures are None.
-    ``nvml=False`` reads the framework's own counters only (device and process figures
+    ``host_rss`` is this process's resident host memory, apart from the device figures.
+    ``nvml=False`` reads the framework's own counters only (device, process and host figures
     are then None): NVML's per-process query costs tens of µs, too much for a hot loop.
     ``backend=None`` follows the query rule (``unimem.registry``): the framework named in
     ``configure()``, else the one whose device runtime started, else the framework-free
-    view (NVML; every figure None on a host without a driver).
+    view (NVML; on a host without a driver, only ``host_rss`` is known).
 
     Args:
         backend: A backend name or alias (``"torch"``, ``"tf"``, ``"jax"``, ``"cupy"``,
             ``"nvml"``), or None (default) for the query rule above.
         device: The device index, as the backend counts devices (default 0).
-        nvml: True (default) adds NVML's device and per-process figures; False reads the
-            framework's counters only, for hot loops.
+        nvml: True (default) adds NVML's device and per-process figures and ``host_rss``;
+            False reads the framework's counters only, for hot loops.
 
     Returns:
         The snapshot: byte counts as ``int``, or None where unknown (never 0).
@@ -359,21 +393,27 @@ def stats(backend: str | None = None, device: int = 0, *, nvml: bool = True) -> 
     device = check_device(device)
     if not isinstance(nvml, bool):
         raise ConfigError("nvml", f"expected True or False, got {nvml!r}")
-    name = registry.resolve(backend, "query")
+    return read_snapshot(registry.resolve(backend, "query"), device, nvml=nvml)
+
+
+def read_snapshot(name: str | None, device: int, *, nvml: bool = True) -> MemoryStats:
+    """``name``'s snapshot (None: the framework-free view), with ``host_rss`` unless ``nvml=False``."""
     if name is None:
         return framework_free_stats(device)
-    return registry.get_backend(name).stats(device, nvml=nvml)
+    snapshot = registry.get_backend(name).stats(device, nvml=nvml)
+    return with_host_rss(snapshot, host_memory.rss()) if nvml else snapshot
 
 
 def framework_free_stats(device: int) -> MemoryStats:
-    """The framework-free view: NVML's figures, and on a machine without a driver (or
-    without nvidia-ml-py) a snapshot of Nones rather than an error (an explicit
+    """The framework-free view: NVML's figures and ``host_rss``; on a machine without a driver
+    (or without nvidia-ml-py) the host figure alone rather than an error (an explicit
     ``backend="nvml"`` raises)."""
     name = registry.FRAMEWORK_FREE
     try:
-        return registry.get_backend(name).stats(device)
+        snapshot = registry.get_backend(name).stats(device)
     except BackendUnavailable:
-        return MemoryStats(name, device)
+        snapshot = MemoryStats(name, device)
+    return with_host_rss(snapshot, host_memory.rss())
 
 
 _check_device = check_device  # the name other front modules import

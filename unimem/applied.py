@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Action", "Applied"]
+__all__ = ["Action", "Applied", "action_table"]
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,12 @@ class Action:
             framework starts) or ``"none"``.
         target (str): The exact call or ``VAR=value`` it was made with.
         status (str): ``"applied"`` (in effect now), ``"pending"`` (takes effect when the
-            framework starts), ``"unchanged"`` (it already was so) or ``"skipped"`` (not
-            applied: see ``note``).
+            framework starts), ``"unchanged"`` (it already was so), ``"no-device"`` (this
+            host has no GPU for it to act on: the framework sees none, or NVML counts none;
+            nothing takes effect) or ``"skipped"`` (not applied: see ``note``).
         note (str): Why it was skipped, or what else to know; empty if nothing.
+        replaced (str): What it replaced from an earlier ``configure`` call, as
+            ``"setting=value"`` (``"fraction=0.5"``); empty if nothing was replaced.
     """
 
     backend: str
@@ -35,6 +38,7 @@ class Action:
     target: str
     status: str
     note: str = ""
+    replaced: str = ""
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,9 @@ class Applied:
     Attributes:
         actions (tuple[Action, ...]): One entry per backend and setting, in order.
         backends (tuple[str, ...]): The backends the call configured.
+        note (str): What holds for the whole call, e.g. that NVML cannot count GPUs here, so
+            a ``"pending"`` setting takes effect only if the framework finds a GPU when it
+            starts; empty if nothing.
 
     Example:
         ```python
@@ -58,6 +65,7 @@ class Applied:
 
     actions: tuple[Action, ...]
     backends: tuple[str, ...]
+    note: str = ""
 
     def __iter__(self) -> Iterator[Action]:
         return iter(self.actions)
@@ -99,34 +107,59 @@ class Applied:
         """The actions not applied (status ``"skipped"``); each ``note`` says why."""
         return [a for a in self.actions if a.status == "skipped"]
 
+    @property
+    def no_device(self) -> list[Action]:
+        """The actions with nothing to act on: this host has no GPU (status ``"no-device"``)."""
+        return [a for a in self.actions if a.status == "no-device"]
+
+    @property
+    def replaced(self) -> list[Action]:
+        """The actions that replaced a setting of an earlier ``configure`` call."""
+        return [a for a in self.actions if a.replaced]
+
     def as_dict(self) -> dict[str, Any]:
         """The outcome as plain data, JSON-ready.
 
         Returns:
-            ``{"backends": [...], "actions": [{"backend": ..., "setting": ..., ...}, ...]}``.
+            ``{"backends": [...], "actions": [{"backend": ..., "setting": ..., ...}, ...],
+            "note": ...}``.
         """
-        return {"backends": list(self.backends), "actions": [asdict(a) for a in self.actions]}
+        return {"backends": list(self.backends), "actions": [asdict(a) for a in self.actions], "note": self.note}
 
     def __str__(self) -> str:
+        text = action_table(self.actions)
         if not self.actions:
-            return f"unimem.configure({', '.join(self.backends) or 'no backend'}): nothing to change"
-        header = ("backend", "setting", "value", "status", "how")
-        rows = [
-            (
-                a.backend,
-                a.setting,
-                _show(a.value),
-                a.status,
-                f"{a.method}: {a.target}" + (f"  ({a.note})" if a.note else ""),
-            )
-            for a in self.actions
-        ]
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-        lines = []
-        for row in [header, *rows]:
-            cells = [row[i].ljust(widths[i]) for i in range(4)]
-            lines.append("  ".join([*cells, row[4]]).rstrip())
-        return "\n".join(lines)
+            text = f"unimem.configure({', '.join(self.backends) or 'no backend'}): nothing to change"
+        return f"{text}\n({self.note})" if self.note else text
+
+
+def action_table(actions: tuple[Action, ...] | list[Action]) -> str:
+    """Actions as a table: backend, setting, value, status, and how (with the note and what
+    was replaced); empty for none."""
+    if not actions:
+        return ""
+    header = ("backend", "setting", "value", "status", "how")
+    rows = [
+        (
+            a.backend,
+            a.setting,
+            _show(a.value),
+            a.status,
+            f"{a.method}: {a.target}" + _remarks(a),
+        )
+        for a in actions
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    lines = []
+    for row in [header, *rows]:
+        cells = [row[i].ljust(widths[i]) for i in range(4)]
+        lines.append("  ".join([*cells, row[4]]).rstrip())
+    return "\n".join(lines)
+
+
+def _remarks(action: Action) -> str:
+    remarks = [r for r in (action.note, f"replaces {action.replaced}" if action.replaced else "") if r]
+    return f"  ({'; '.join(remarks)})" if remarks else ""
 
 
 def _show(value: Any) -> str:

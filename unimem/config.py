@@ -230,7 +230,9 @@ def parse_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     if raw:
         kwargs["allocator"] = raw
     raw = env.get(ENV_VARS["devices"], "").strip()
-    if raw:
+    if raw.lower() == "per-rank":  # unimem.ranks.PER_RANK: each rank's own GPU, through CUDA_VISIBLE_DEVICES
+        kwargs["devices"] = "per-rank"
+    elif raw:
         try:
             kwargs["devices"] = [int(part) for part in raw.split(",")]
         except ValueError:

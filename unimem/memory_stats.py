@@ -12,7 +12,7 @@ from typing import Any
 
 from .sizes import format_bytes
 
-__all__ = ["MemoryStats"]
+__all__ = ["MemoryStats", "with_host_rss"]
 
 
 @dataclass(frozen=True, init=False)
@@ -38,6 +38,10 @@ class MemoryStats:
         device_total (int | None): The driver's total for the whole device, in bytes.
         device_free (int | None): The driver's free bytes on the whole device.
         process_used (int | None): NVML's figure for this process on that device, in bytes.
+        host_rss (int | None): This process's resident set size in host memory, in bytes (read
+            from ``/proc/self/statm`` on Linux, psutil elsewhere); never part of ``allocated``.
+            None with ``stats(nvml=False)`` (the framework's counters only) or where it cannot
+            be read. On a host without a GPU it is the one figure ``stats()`` knows.
         timestamp (float): When the snapshot was taken (Unix time, seconds).
 
     Example:
@@ -62,6 +66,7 @@ class MemoryStats:
     device_total: int | None = None
     device_free: int | None = None
     process_used: int | None = None
+    host_rss: int | None = None
     timestamp: float = field(default_factory=time.time)
 
     def __init__(
@@ -79,6 +84,7 @@ class MemoryStats:
         device_total: int | None = None,
         device_free: int | None = None,
         process_used: int | None = None,
+        host_rss: int | None = None,
         timestamp: float | None = None,
     ) -> None:
         # One assignment of the instance's dict instead of one object.__setattr__ per field:
@@ -101,6 +107,7 @@ class MemoryStats:
                 "device_total": device_total,
                 "device_free": device_free,
                 "process_used": process_used,
+                "host_rss": host_rss,
                 "timestamp": time.time() if timestamp is None else timestamp,
             },
         )
@@ -152,4 +159,15 @@ class MemoryStats:
             ("device total", format_bytes(self.device_total)),
             ("device free", format_bytes(self.device_free)),
             ("process used (NVML)", format_bytes(self.process_used)),
+            ("host RSS (this process)", format_bytes(self.host_rss)),
         ]
+
+
+def with_host_rss(snapshot: MemoryStats, host_rss: int | None) -> MemoryStats:
+    """``snapshot`` with ``host_rss`` set, for a snapshot just made and not yet handed out.
+
+    Set in place: a copy (``dataclasses.replace``) would cost more than the read itself, in a
+    call polled in loops.
+    """
+    snapshot.__dict__["host_rss"] = host_rss
+    return snapshot

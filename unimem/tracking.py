@@ -12,7 +12,14 @@ How the peak is known depends on the framework's ``reset_peak`` capability:
   with ``peak_exact=False``.
 - unsupported (NVML): no peak; ``peak`` is None.
 
-On the CPU (no device allocator to read) every figure is None, never 0; ``note`` says why.
+On the CPU (no device allocator to read) every device figure is None, never 0; ``note`` says why.
+
+Host memory is measured beside, in its own figures (``host_peak``, ``host_delta``): the
+process's resident set size. Its high-water mark is process-wide and is reset when a block
+opens (Linux, ``/proc/self/clear_refs``); as for a framework's counter, the mark reached so
+far is first folded into every block still open, in any thread, so nested, overlapping and
+threaded blocks all keep exact peaks. Where the mark cannot be reset, a block's host peak
+is exact if the mark rose during it, else a lower bound (``host_peak_exact=False``).
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
-from . import registry
-from .api import framework_free_stats
+from . import host_memory, registry
+from .api import read_snapshot
 from .config import check_device
 from .errors import ConfigError, UnimemError
 from .memory_stats import MemoryStats
@@ -46,8 +54,9 @@ def resolve_query(backend: str | None) -> str | None:
 
 
 def read_stats(name: str | None, device: int) -> MemoryStats:
-    """A full ``MemoryStats`` of ``name``; None reads the framework-free view (Nones without a driver)."""
-    return framework_free_stats(device) if name is None else registry.get_backend(name).stats(device)
+    """A full ``MemoryStats`` of ``name`` with ``host_rss``; None reads the framework-free view
+    (only the host figure without a driver)."""
+    return read_snapshot(name, device)
 
 
 def resolve_backend(backend: str | None) -> tuple[str, bool]:
@@ -91,10 +100,58 @@ class _Frame:
         self.reserved = _max(self.reserved, snapshot.peak_reserved)
 
 
-# Open blocks per (backend, device). The framework's peak counter is process-wide,
-# so this is too; the lock makes "read, fold into every open block, reset" one step.
+class _HostFrame:
+    """An open block's host high-water mark reached before a later reset."""
+
+    __slots__ = ("peak",)
+
+    def __init__(self) -> None:
+        self.peak: int | None = None
+
+
+# Open blocks per (backend, device), and every open block's host frame. The peak counters
+# (the framework's, the process's resident mark) are process-wide, so these are too; the
+# lock makes "read, fold into every open block, reset" one step.
 _frames: dict[tuple[str, int], list[_Frame]] = {}
+_host_frames: list[_HostFrame] = []
 _frames_lock = threading.Lock()
+
+_HOST_LOWER_BOUND = (
+    "the host's resident high-water mark cannot be reset here (/proc/self/clear_refs is not writable, "
+    "or this is not Linux) and it did not rise in this block: host_peak is a lower bound (the larger "
+    "resident size at the block's start or end)"
+)
+_HOST_UNKNOWN = "this host's resident memory cannot be read here: the host figures are None"
+
+
+def _host_begin() -> tuple[_HostFrame | None, int | None]:
+    """Open a block's host figures (under the lock): its frame where the mark was reset,
+    else the mark at its start (to see whether it rises)."""
+    if host_memory.can_reset_peak():
+        mark = host_memory.peak() if _host_frames else None
+        for frame in _host_frames:
+            frame.peak = _max(frame.peak, mark)
+        if host_memory.reset_peak():
+            frame = _HostFrame()
+            _host_frames.append(frame)
+            return frame, None
+    return None, host_memory.peak()
+
+
+def _host_finish(frame: _HostFrame | None, start_mark: int | None, start: MemoryStats, end: MemoryStats) -> _Peak:
+    """A block's host peak (under the lock): exact where the mark was reset at its start."""
+    mark = host_memory.peak()
+    if frame is not None:
+        if frame in _host_frames:
+            _host_frames.remove(frame)
+        if mark is not None:
+            return _Peak(_max(frame.peak, mark, start.host_rss, end.host_rss), True)
+    elif mark is not None and start_mark is not None and mark > start_mark:
+        return _Peak(_max(mark, end.host_rss), True)  # the mark rose: the block reached it
+    bound = _max(start.host_rss, end.host_rss)
+    if bound is None:
+        return _Peak(None, None, _HOST_UNKNOWN)
+    return _Peak(bound, False, _HOST_LOWER_BOUND)
 
 
 @dataclass(frozen=True)
@@ -134,7 +191,12 @@ class Tracked:
     framework resets its peak counter (torch, TensorFlow) the peak is exact and blocks
     nest; where it cannot (JAX) the peak is exact if the process peak rose during the
     block, else a lower bound (``peak_exact=False``); NVML keeps no peak (None). On the
-    CPU every figure is None, never 0; ``note`` says why. ``str()`` reads as one line.
+    CPU every device figure is None, never 0; ``note`` says why. ``str()`` reads as one line.
+
+    Host memory (this process's resident set size) is measured beside, in its own figures,
+    on every host: on one without a GPU they are the figures known. Its high-water mark is
+    process-wide, so ``host_peak`` counts every thread's memory; blocks nest, overlap and run
+    in threads, each with an exact peak, where the mark can be reset (Linux).
 
     Args:
         backend: A backend name or alias, or None (default) for the query rule of
@@ -149,6 +211,11 @@ class Tracked:
             framework counts it.
         peak_exact (bool | None): False when ``peak`` is a lower bound (JAX), None when unknown.
         delta (int | None): ``allocated`` at the end minus at the start, in bytes.
+        host_peak (int | None): Highest resident set size of this process during the block, in
+            bytes (host memory, never part of ``peak``). None where it cannot be read.
+        host_peak_exact (bool | None): False when ``host_peak`` is a lower bound (the host's
+            high-water mark cannot be reset here and did not rise); None when unknown.
+        host_delta (int | None): Resident set size at the end minus at the start, in bytes.
         duration (float | None): Seconds.
         start (MemoryStats | None): The full ``MemoryStats`` at the block's start.
         end (MemoryStats | None): The full ``MemoryStats`` at the block's end.
@@ -170,11 +237,16 @@ class Tracked:
         self.peak_reserved: int | None = None
         self.peak_exact: bool | None = None
         self.delta: int | None = None
+        self.host_peak: int | None = None
+        self.host_peak_exact: bool | None = None
+        self.host_delta: int | None = None
         self.duration: float | None = None
         self.note = ""
         self._mode = MODE_NONE
         self._fallback = False
         self._frame: _Frame | None = None
+        self._host: _HostFrame | None = None
+        self._host_mark: int | None = None
         self._t0: float | None = None
 
     # --- the block ---------------------------------------------------------------
@@ -186,6 +258,7 @@ class Tracked:
         self._mode = _peak_mode(name, fallback)
         self.end = None
         self.peak = self.peak_reserved = self.peak_exact = self.delta = self.duration = None
+        self.host_peak = self.host_peak_exact = self.host_delta = None
         self.note = ""
         with _frames_lock:
             self._begin(_read(name, self.device, fallback))
@@ -247,6 +320,7 @@ class Tracked:
             registry.get_backend(self.backend).reset_peak(self.device)
             self._frame = _Frame()
             _frames.setdefault(key, []).append(self._frame)
+        self._host, self._host_mark = _host_begin()
         self._t0 = time.perf_counter()
 
     def _finish(self, end: MemoryStats) -> None:
@@ -257,6 +331,11 @@ class Tracked:
         start = self.start
         if start.allocated is not None and end.allocated is not None:
             self.delta = end.allocated - start.allocated
+        if start.host_rss is not None and end.host_rss is not None:
+            self.host_delta = end.host_rss - start.host_rss
+        host = _host_finish(self._host, self._host_mark, start, end)
+        self._host = None
+        self.host_peak, self.host_peak_exact = host.value, host.exact
         notes = []
         if self._mode == MODE_RESET:
             frame = self._frame
@@ -284,6 +363,8 @@ class Tracked:
                 f"{end.backend} reports no allocator figures on device {self.device} here "
                 "(no GPU, or its device runtime has not started): they are None, not 0"
             )
+        if host.note:
+            notes.append(host.note)
         self.note = "; ".join(notes)
 
     # --- display -----------------------------------------------------------------
@@ -293,11 +374,48 @@ class Tracked:
         peak = format_bytes(self.peak)
         if self.peak_exact is False:
             peak = f">= {peak} (lower bound)"
-        delta = "n/a" if self.delta is None else ("+" if self.delta >= 0 else "-") + format_bytes(abs(self.delta))
-        text = f"track({self.backend}:{self.device}): peak {peak}, delta {delta}, {self.duration:.3f} s"
+        host_peak = format_bytes(self.host_peak)
+        if self.host_peak_exact is False:
+            host_peak = f">= {host_peak}"
+        text = (
+            f"track({self.backend}:{self.device}): peak {peak}, delta {_signed(self.delta)}, "
+            f"host peak {host_peak}, host delta {_signed(self.host_delta)}, {self.duration:.3f} s"
+        )
         return f"{text} [{self.note}]" if self.note else text
 
     __str__ = __repr__
+
+    def as_dict(self) -> dict[str, Any]:
+        """The block's figures as plain data, JSON-ready.
+
+        Returns:
+            ``backend``, ``device``, ``peak``, ``peak_reserved``, ``peak_exact``, ``delta``,
+            ``host_peak``, ``host_peak_exact``, ``host_delta`` (bytes, or None where unknown),
+            ``duration`` (seconds), ``note``, and ``start``/``end`` as ``MemoryStats.as_dict()``.
+        """
+        data: dict[str, Any] = {
+            name: getattr(self, name)
+            for name in (
+                "backend",
+                "device",
+                "peak",
+                "peak_reserved",
+                "peak_exact",
+                "delta",
+                "host_peak",
+                "host_peak_exact",
+                "host_delta",
+                "duration",
+                "note",
+            )
+        }
+        data["start"] = None if self.start is None else self.start.as_dict()
+        data["end"] = None if self.end is None else self.end.as_dict()
+        return data
+
+
+def _signed(value: int | None) -> str:
+    return "n/a" if value is None else ("+" if value >= 0 else "-") + format_bytes(abs(value))
 
 
 def track(backend: str | None = None, device: int = 0) -> Tracked:
@@ -306,6 +424,9 @@ def track(backend: str | None = None, device: int = 0) -> Tracked:
     Blocks nest. Opening a block resets the framework's peak counter where the
     framework can (torch, TensorFlow), so ``stats().peak_allocated`` afterwards counts
     from the innermost block's start; see ``Tracked`` for JAX (lower bounds) and the CPU (None).
+    Host memory is measured too (``host_peak``, ``host_delta``: this process's resident set
+    size), on every host; on Linux opening a block likewise restarts the process's resident
+    high-water mark (``VmHWM`` and ``ru_maxrss``), after folding it into every open block.
 
     Args:
         backend: A backend name or alias, or None (default) for the query rule of
@@ -330,7 +451,8 @@ def track(backend: str | None = None, device: int = 0) -> Tracked:
             loss = model(batch).sum()
             loss.backward()
         print(t.peak, t.delta, t.duration)  # bytes, bytes, seconds
-        print(t)  # "track(torch:0): peak ..., delta ..., ... s"
+        print(t.host_peak, t.host_delta)  # host memory, bytes: known without a GPU too
+        print(t)  # "track(torch:0): peak ..., delta ..., host peak ..., host delta ..., ... s"
         ```
     """
     return Tracked(backend, device)
