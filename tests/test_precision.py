@@ -488,6 +488,324 @@ emit(R)
 """
 
 _PROBES = {"torch": _TORCH, "tensorflow": _TENSORFLOW, "jax": _JAX}
+
+# --- each framework's own loss-scaled step, and policies that nest ------------------------
+# Second probes: the framework's own step (torch scaler.step, Keras scaler.wrap, JAX
+# scaler.step in jit), gradient accumulation, and nesting policies in every order.
+
+_NESTING = r"""
+from unimem.precision import enabled_backends
+
+def nesting(make, state):
+    # make(precision) -> policy; state() -> what the framework has in force now.
+    a, b = make("bf16"), make("fp16")
+    n = {"before": state()}
+    a.enable()
+    with a:
+        n["enable_then_with_inside"] = state()
+    n["enable_then_with_after"] = [state(), a.active]
+    a.disable()
+    n["enable_then_with_disabled"] = [state(), a.active]
+    with a:
+        a.enable()
+    n["with_then_enable_after"] = [state(), a.active]
+    a.disable()
+    n["with_then_enable_disabled"] = [state(), a.active]
+    with a:
+        with a:
+            pass
+        n["same_twice_after_inner"] = [state(), a.active]
+    n["same_twice_after_outer"] = [state(), a.active]
+    with a:
+        with b:
+            n["a_in_b_inside"] = state()
+        n["a_in_b_after_inner"] = state()
+    n["a_in_b_after_outer"] = state()
+    with b:
+        with a:
+            n["b_in_a_inside"] = state()
+        n["b_in_a_after_inner"] = state()
+    n["b_in_a_after_outer"] = state()
+    a.enable()
+    with b:
+        n["with_b_in_enabled_a_inside"] = state()
+    n["with_b_in_enabled_a_after"] = [state(), a.active, b.active]
+    a.disable()
+    with a:
+        with b:
+            with a:
+                n["aba_inside"] = state()
+            n["aba_after_inner"] = state()
+        n["aba_after_middle"] = state()
+    n["aba_after_outer"] = state()
+    # Refused, changing nothing: b's block ends while a, enabled inside it, is still on.
+    try:
+        with b:
+            a.enable()
+    except UnimemError as exc:
+        n["refused"] = {"message": str(exc), "state": state(), "a": a.active, "b": b.active}
+    a.disable()
+    b.__exit__(None, None, None)  # the block the refusal left open
+    n["end"] = [state(), a.active, b.active, enabled_backends()]
+    return n
+"""
+
+_TORCH_STEP = r"""
+import threading
+import torch
+def tname(dtype): return str(dtype).removeprefix("torch.")
+def state(): return [torch.is_autocast_enabled("cpu"), tname(torch.get_autocast_dtype("cpu"))]
+
+policy = unimem.mixed_precision("fp16", backend="torch")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+xs, ys = torch.randn(3, 4, 8), torch.randn(3, 4, 1)
+
+def loss_of(i):
+    with policy:
+        out = model(xs[i])
+    return torch.nn.functional.mse_loss(policy.cast_to_output(out), ys[i])
+
+def reference(micro):
+    # The gradients of the mean loss over `micro` micro-batches, never scaled.
+    opt.zero_grad(set_to_none=True)
+    for i in range(micro):
+        (loss_of(i) / micro).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    opt.zero_grad(set_to_none=True)
+    return grads
+
+def close(a, b): return all(torch.allclose(x, y, rtol=1e-3, atol=1e-6) for x, y in zip(a, b))
+def params(): return [p.detach().clone() for p in model.parameters()]
+def grads(): return [p.grad.clone() for p in model.parameters()]
+def sgd(before, ref): return [p - 0.01 * g for p, g in zip(before, ref)]
+def changed(before): return any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+# GradScaler's loop: after step(opt), p.grad holds the unscaled gradients the update used.
+scaler = policy.loss_scaler(initial_scale=2.0**10, growth_interval=3)
+ref, before = reference(1), params()
+scaler.scale(loss_of(0)).backward()
+scaler.step(opt)
+scaler.update()
+R["one_step"] = {"grad_unscaled": close(grads(), ref), "update_used_unscaled": close(params(), sgd(before, ref)),
+                 "grad_scaler": type(scaler.grad_scaler).__name__,
+                 "is_gradscaler": isinstance(scaler.grad_scaler, torch.amp.GradScaler),
+                 "scale": scaler.scale_value, "good_steps": scaler.good_steps}
+
+# good, inf, nan, then three good steps: skipped steps leave the parameters bit for bit.
+scaler = policy.loss_scaler(initial_scale=2.0**10, growth_interval=3)
+sequence = []
+for poison in [None, float("inf"), float("nan"), None, None, None]:
+    opt.zero_grad(set_to_none=True)
+    scaler.scale(loss_of(0)).backward()
+    if poison is not None:
+        with torch.no_grad():
+            model[0].weight.grad.view(-1)[0] = poison
+    before = params()
+    scaler.step(opt)
+    scaler.update()
+    sequence.append({"changed": changed(before), "scale": scaler.scale_value, "good_steps": scaler.good_steps})
+R["step_sequence"] = sequence
+
+# Gradient accumulation: three micro-batches at one scale, unscaled once by step(opt).
+scaler = policy.loss_scaler(initial_scale=2.0**10)
+ref, before = reference(3), params()
+scales = []
+for i in range(3):
+    scaler.scale(loss_of(i) / 3).backward()
+    scales.append(scaler.scale_value)
+summed = grads()
+scaler.step(opt)
+scaler.update()
+R["accumulation"] = {"scales": scales, "summed_is_scaled": close([g / 1024 for g in summed], ref),
+                     "unscaled_once": close(grads(), ref), "update": close(params(), sgd(before, ref))}
+# The uniform loop under accumulation: one unscale after the last micro-batch.
+scaler = policy.loss_scaler(initial_scale=2.0**10)
+ref = reference(3)
+for i in range(3):
+    scaler.scale(loss_of(i) / 3).backward()
+unscaled, finite = scaler.unscale([p.grad for p in model.parameters()])
+R["accumulation_uniform"] = {"finite": finite, "matches": close(unscaled, ref), "in_p_grad": close(grads(), ref)}
+scaler.update(finite)
+
+# unscale_(opt) to clip, then step(opt) does not unscale again.
+scaler = policy.loss_scaler(initial_scale=2.0**10)
+ref = reference(1)
+scaler.scale(loss_of(0)).backward()
+scaler.unscale_(opt)
+after_unscale = close(grads(), ref)
+torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)
+scaler.step(opt)
+R["unscale_then_step"] = {"after_unscale_": after_unscale, "not_again": close(grads(), ref)}
+scaler.update()
+
+# Mixing the two loops within a step is refused, and the refusal changes nothing.
+scaler = policy.loss_scaler(initial_scale=2.0**10)
+opt.zero_grad(set_to_none=True)
+scaler.scale(loss_of(0)).backward()
+_, finite = scaler.unscale([p.grad for p in model.parameters()])
+kept_grads, kept_params = grads(), params()
+misuse = {"step_after_unscale": error_of(lambda: scaler.step(opt)),
+          "unscale_twice": error_of(lambda: scaler.unscale([p.grad for p in model.parameters()])),
+          "update_without_finite": error_of(lambda: scaler.update())}
+misuse["unchanged"] = all(torch.equal(a, b) for a, b in zip(kept_grads, grads())) and not changed(kept_params)
+misuse["scale_unchanged"] = scaler.scale_value
+scaler.update(finite)
+opt.zero_grad(set_to_none=True)
+scaler.scale(loss_of(0)).backward()
+scaler.step(opt)
+misuse["update_with_finite_after_step"] = error_of(lambda: scaler.update(True))
+misuse["unscale_after_step"] = error_of(lambda: scaler.unscale([p.grad for p in model.parameters()]))
+scaler.update()
+R["misuse"] = misuse
+
+# bf16: the same loop, nothing scaled, step(opt) is optimizer.step().
+noop = unimem.mixed_precision("bf16", backend="torch").loss_scaler()
+opt.zero_grad(set_to_none=True)
+noop.scale(loss_of(0)).backward()
+before = params()
+noop.step(opt)
+noop.update()
+R["bf16_step"] = {"enabled": noop.enabled, "changed": changed(before), "scale": noop.scale_value}
+R["wrap"] = error_of(lambda: scaler.wrap(opt))
+
+R["nesting"] = nesting(lambda precision: unimem.mixed_precision(precision, backend="torch"), state)
+
+# Autocast state is per thread: two threads inside `with policy:` at once each have it on.
+bf16 = unimem.mixed_precision("bf16", backend="torch")
+barrier, seen = threading.Barrier(2), {}
+def worker(name):
+    with bf16:
+        barrier.wait()
+        seen[name] = state()
+        barrier.wait()
+    seen[name + " after"] = state()
+threads = [threading.Thread(target=worker, args=(name,)) for name in ("one", "two")]
+for t in threads: t.start()
+for t in threads: t.join()
+R["threads"] = {**seen, "main": state(), "active": bf16.active}
+emit(R)
+"""
+
+_TENSORFLOW_STEP = r"""
+import keras
+import numpy as np
+import tensorflow as tf
+def state(): return keras.mixed_precision.global_policy().name
+
+fp16 = unimem.mixed_precision("fp16", backend="tensorflow")
+scaler = fp16.loss_scaler(initial_scale=2.0**12, growth_interval=7)
+opt = scaler.wrap(keras.optimizers.SGD(0.01))
+R["wrap"] = {"type": type(opt).__name__, "initial_scale": float(opt.initial_scale),
+             "growth_steps": int(opt.dynamic_growth_steps)}
+keras.utils.set_random_seed(0)
+with fp16:  # layers take the policy when they are built
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+R["layer_policy"] = model.layers[0].dtype_policy.name
+R["after_build"] = state()
+x, y = tf.random.normal((4, 8)), tf.random.normal((4, 1))
+opt.build(model.trainable_variables)
+def wrapped_step(poison):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(fp16.cast_to_output(model(x)) - y))
+        scaled = opt.scale_loss(loss)
+    grads = tape.gradient(scaled, model.trainable_variables)
+    grads = [grads[0] + poison] + list(grads[1:])
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    opt.apply(grads, model.trainable_variables)
+    changed = any((a != v.numpy()).any() for a, v in zip(before, model.trainable_variables))
+    return {"changed": bool(changed), "scale": float(opt.dynamic_scale.numpy())}
+R["wrapped_steps"] = [wrapped_step(0.0), wrapped_step(float("inf"))]
+
+bf16_opt = keras.optimizers.SGD(0.01)
+R["bf16_wrap_is_same"] = unimem.mixed_precision("bf16", backend="tensorflow").loss_scaler().wrap(bf16_opt) is bf16_opt
+R["bad_factor"] = error_of(lambda: fp16.loss_scaler(growth_factor=4.0).wrap(keras.optimizers.SGD(0.01)))
+R["step"] = error_of(lambda: scaler.step(opt))
+R["nesting"] = nesting(lambda precision: unimem.mixed_precision(precision, backend="tensorflow"), state)
+emit(R)
+"""
+
+_JAX_STEP = r"""
+import jax
+import jax.numpy as jnp
+policy = unimem.mixed_precision("fp16", backend="jax")
+k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(0), 4)
+params = {"w1": jax.random.normal(k1, (8, 8)) / 3, "w2": jax.random.normal(k2, (8, 1)) / 3}
+x, y = jax.random.normal(k3, (4, 8)), jax.random.normal(k4, (4, 1))
+
+def loss_of(p, x, y):
+    p, x = policy.cast_to_compute((p, x))
+    return jnp.mean(jnp.square(policy.cast_to_output(jax.nn.relu(x @ p["w1"]) @ p["w2"]) - y))
+
+def close(a, b):
+    return all(bool(jnp.allclose(u, v, rtol=1e-3, atol=1e-6))
+               for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+def differ(a, b):
+    return any(bool((u != v).any()) for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+@jax.jit
+def train_step(params, scaler, poison):
+    grads = jax.grad(lambda p: scaler.scale(loss_of(p, x, y)))(params)
+    grads = {**grads, "w1": grads["w1"].at[0, 0].add(poison)}
+    grads, finite, scaler = scaler.step(grads)
+    params = jax.tree_util.tree_map(lambda p, g: jnp.where(finite, p - 0.01 * g, p), params, grads)
+    return params, scaler, finite
+
+scaler = policy.loss_scaler(initial_scale=2.0**10, growth_interval=3)
+current, sequence = params, []
+for poison in [0.0, float("inf"), float("nan"), 0.0, 0.0, 0.0]:
+    new, scaler, finite = train_step(current, scaler, poison)
+    sequence.append({"finite": bool(finite), "changed": differ(current, new), "scale": scaler.scale_value,
+                     "good_steps": scaler.good_steps})
+    current = new
+R["jit_sequence"] = sequence
+R["jit_scaler_type"] = type(scaler).__name__
+
+# Eagerly: the unscaled gradients, a Python bool, and a new scaler; the old one is as it was.
+first = policy.loss_scaler(initial_scale=2.0**10, growth_interval=3)
+ref = jax.grad(loss_of)(params, x, y)
+unscaled, finite, following = first.step(jax.grad(lambda p: first.scale(loss_of(p, x, y)))(params))
+R["eager"] = {"finite": finite, "finite_type": type(finite).__name__, "matches": close(unscaled, ref),
+              "old": [first.scale_value, first.good_steps], "new": [following.scale_value, following.good_steps]}
+
+# Gradient accumulation: sum the micro-batches' scaled gradients, one step for them all.
+halves = [(x[:2], y[:2]), (x[2:], y[2:])]
+ref = jax.grad(lambda p: sum(loss_of(p, a, b) for a, b in halves) / 2)(params)
+summed = None
+for a, b in halves:
+    g = jax.grad(lambda p: first.scale(loss_of(p, a, b) / 2))(params)
+    summed = g if summed is None else jax.tree_util.tree_map(jnp.add, summed, g)
+unscaled, finite, _ = first.step(summed)
+R["accumulation"] = {"finite": finite, "matches": close(unscaled, ref)}
+
+# Members of a named axis holding different gradients agree when given the axis.
+two = {"g": jnp.array([[1.0, 2.0], [jnp.inf, 1.0]])}
+alone = jax.vmap(lambda g: first.step(g)[1])(two)
+agreed = jax.vmap(lambda g: first.step(g, axis_name="ranks"), axis_name="ranks", out_axes=(0, 0, None))(two)
+R["agree"] = {"alone": [bool(v) for v in alone], "agreed": [bool(v) for v in agreed[1]],
+              "scale": agreed[2].scale_value}
+
+noop = unimem.mixed_precision("bf16", backend="jax").loss_scaler()
+grads = {"a": jnp.ones(2)}
+same, finite, itself = noop.step(grads)
+R["noop"] = {"same": same is grads, "finite": finite, "itself": itself is noop,
+             "jit": float(jax.jit(lambda s, g: s.step(g)[0]["a"].sum())(noop, {"a": jnp.ones(2)}))}
+R["wrap"] = error_of(lambda: first.wrap(object()))
+
+# No global state to see in JAX: the flags nest the same way.
+bf16 = unimem.mixed_precision("bf16", backend="jax")
+bf16.enable()
+with bf16:
+    pass
+R["nesting"] = {"after_with": bf16.active}
+bf16.disable()
+R["nesting"]["after_disable"] = bf16.active
+emit(R)
+"""
+
+_STEP_PROBES = {"torch": _TORCH_STEP, "tensorflow": _TENSORFLOW_STEP, "jax": _JAX_STEP}
 # Every probe and example run is a separate interpreter; they run side by side (at most
 # one per CPU, two at least), started together the first time a test needs one of them.
 _jobs: dict[tuple[str, ...], Future[Any]] = {}
@@ -496,6 +814,10 @@ EXAMPLE_ARGS = ["--epochs", "2", "--samples", "1024", "--batch-size", "64"]
 
 def _run_probe(framework: str) -> dict[str, Any]:
     return dict(run_json(_COMMON + _PROBES[framework], timeout=300))
+
+
+def _run_step_probe(framework: str) -> dict[str, Any]:
+    return dict(run_json(_COMMON + _NESTING + _STEP_PROBES[framework], timeout=300))
 
 
 def _run_example(framework: str, precision: str) -> subprocess.CompletedProcess[str]:
@@ -520,13 +842,15 @@ def _run_keras_on_jax() -> Any:
 
 
 def _job(*key: str) -> Any:
-    """The result of probe ``(framework,)`` or example ``(framework, precision)``."""
+    """The result of probe ``(framework,)``, step probe ``(framework, "step")`` or example
+    ``(framework, precision)``."""
     need_framework(key[0])
     if not _jobs:
         pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1))
         present = [fw for fw in FRAMEWORKS if importlib.util.find_spec(fw) is not None]
         for fw in present:
             _jobs[(fw,)] = pool.submit(_run_probe, fw)
+            _jobs[(fw, "step")] = pool.submit(_run_step_probe, fw)
         if "tensorflow" in present and "jax" in present:
             _jobs[("tensorflow", "keras-on-jax")] = pool.submit(_run_keras_on_jax)
         for fw in present:
@@ -757,6 +1081,166 @@ def test_backend_none_takes_the_framework_in_use() -> None:
     # Importing TensorFlow imports JAX as well, but only TF started: the started one is meant.
     # (Two frameworks both configured stay a ConfigError: tests/test_config.py.)
     assert _probe("tensorflow")["default_backend"] == "tensorflow"
+
+
+# --- each framework's own loss-scaled step --------------------------------------------------
+
+
+def _steps(framework: str) -> dict[str, Any]:
+    """What the framework's step probe recorded (it runs once)."""
+    try:
+        return dict(_job(framework, "step"))
+    except pytest.fail.Exception as exc:
+        pytest.fail(f"the {framework} step probe failed:\n{exc}", pytrace=False)
+
+
+def _without_finite(sequence: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in step.items() if k != "finite"} for step in sequence]
+
+
+@pytest.mark.covers("torch:precision.loss_scaling")
+def test_torch_step_wraps_gradscaler_and_leaves_unscaled_grads_in_p_grad() -> None:
+    one = _steps("torch")["one_step"]
+    assert one["grad_scaler"] == "GradScaler" and one["is_gradscaler"] is True, "single process: plain GradScaler"
+    assert one["grad_unscaled"] is True, "after scaler.step(opt), p.grad is divided by the scale"
+    assert one["update_used_unscaled"] is True, "SGD moved the parameters by lr * the unscaled gradient"
+    assert (one["scale"], one["good_steps"]) == (1024.0, 1)
+
+
+@pytest.mark.covers("torch:precision.loss_scaling")
+def test_torch_step_skips_on_inf_and_nan_halves_the_scale_then_grows_it() -> None:
+    assert _steps("torch")["step_sequence"] == _without_finite(EXPECTED_SEQUENCE)
+
+
+def test_torch_gradient_accumulation_unscales_once_per_optimizer_step() -> None:
+    probe = _steps("torch")
+    accumulation = probe["accumulation"]
+    assert accumulation["scales"] == [1024.0] * 3, "every micro-batch is scaled by the same scale"
+    assert accumulation["summed_is_scaled"] is True, "the summed gradients stay scaled until the step"
+    assert accumulation["unscaled_once"] is True and accumulation["update"] is True
+    assert probe["accumulation_uniform"] == {"finite": True, "matches": True, "in_p_grad": True}
+
+
+def test_torch_unscale_for_clipping_then_step_does_not_unscale_again() -> None:
+    assert _steps("torch")["unscale_then_step"] == {"after_unscale_": True, "not_again": True}
+
+
+def test_torch_mixing_the_two_loops_in_one_step_is_refused_and_changes_nothing() -> None:
+    misuse = _steps("torch")["misuse"]
+    for key in ("step_after_unscale", "unscale_twice", "unscale_after_step"):
+        assert misuse[key]["type"] == "UnimemError" and "twice" in misuse[key]["message"], key
+    assert misuse["update_without_finite"]["type"] == "UnimemError"
+    assert "update(finite)" in misuse["update_without_finite"]["message"]
+    assert misuse["unchanged"] is True and misuse["scale_unchanged"] == 1024.0
+    assert misuse["update_with_finite_after_step"]["type"] == "UnimemError"
+    assert "without arguments" in misuse["update_with_finite_after_step"]["message"]
+
+
+def test_torch_bf16_step_is_optimizer_step() -> None:
+    probe = _steps("torch")
+    assert probe["bf16_step"] == {"enabled": False, "changed": True, "scale": 1.0}
+    assert probe["wrap"]["type"] == "UnsupportedFeature" and "scaler.step(optimizer)" in probe["wrap"]["message"]
+
+
+@pytest.mark.covers("tensorflow:precision.loss_scaling")
+def test_keras_wrap_gives_loss_scale_optimizer_that_skips_on_inf() -> None:
+    probe = _steps("tensorflow")
+    assert probe["wrap"] == {"type": "LossScaleOptimizer", "initial_scale": 4096.0, "growth_steps": 7}
+    assert probe["wrapped_steps"] == [{"changed": True, "scale": 4096.0}, {"changed": False, "scale": 2048.0}]
+    assert probe["bf16_wrap_is_same"] is True
+    assert probe["bad_factor"]["type"] == "ConfigError" and probe["bad_factor"]["parameter"] == "growth_factor"
+    assert probe["step"]["type"] == "UnsupportedFeature" and "scaler.wrap(optimizer)" in probe["step"]["message"]
+
+
+def test_keras_layers_built_under_the_policy_keep_it() -> None:
+    probe = _steps("tensorflow")
+    assert probe["layer_policy"] == "mixed_float16" and probe["after_build"] == "float32"
+
+
+@pytest.mark.covers("jax:precision.loss_scaling")
+def test_jax_step_returns_the_next_scaler_from_a_jitted_step() -> None:
+    probe = _steps("jax")
+    assert probe["jit_sequence"] == EXPECTED_SEQUENCE
+    assert probe["jit_scaler_type"] == "JaxLossScaler"
+    eager = probe["eager"]
+    assert eager["finite"] is True and eager["finite_type"] == "bool" and eager["matches"] is True
+    assert eager["old"] == [1024.0, 0], "step() leaves the scaler it was called on as it was"
+    assert eager["new"] == [1024.0, 1]
+
+
+def test_jax_gradient_accumulation_unscales_the_sum_once() -> None:
+    assert _steps("jax")["accumulation"] == {"finite": True, "matches": True}
+
+
+def test_jax_step_agrees_on_overflow_across_a_named_axis() -> None:
+    agree = _steps("jax")["agree"]
+    assert agree["alone"] == [True, False], "without axis_name each member decides alone"
+    assert agree["agreed"] == [False, False], "with it one member's overflow skips the step on all"
+    assert agree["scale"] == 512.0
+
+
+def test_jax_bf16_step_passes_gradients_through() -> None:
+    probe = _steps("jax")
+    assert probe["noop"] == {"same": True, "finite": True, "itself": True, "jit": 2.0}
+    assert probe["wrap"]["type"] == "UnsupportedFeature" and "scaler.step(grads)" in probe["wrap"]["message"]
+
+
+# --- policies nest ---------------------------------------------------------------------------
+
+# What each framework has in force with no policy, bf16 ("a") and fp16 ("b").
+STATES = {
+    "torch": {"off": [False, "bfloat16"], "a": [True, "bfloat16"], "b": [True, "float16"]},
+    "tensorflow": {"off": "float32", "a": "mixed_bfloat16", "b": "mixed_float16"},
+}
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_with_inside_enable_keeps_the_policy_on(framework: str) -> None:
+    n, on = _steps(framework)["nesting"], STATES[framework]
+    assert n["before"] == on["off"]
+    assert n["enable_then_with_inside"] == on["a"]
+    assert n["enable_then_with_after"] == [on["a"], True], "the with block did not switch enable() off"
+    assert n["enable_then_with_disabled"] == [on["off"], False]
+    assert n["with_then_enable_after"] == [on["a"], True], "enable() inside the block keeps it on after"
+    assert n["with_then_enable_disabled"] == [on["off"], False]
+    assert n["same_twice_after_inner"] == [on["a"], True]
+    assert n["same_twice_after_outer"] == [on["off"], False]
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_a_policy_inside_another_restores_the_outer_one_in_both_orders(framework: str) -> None:
+    n, on = _steps(framework)["nesting"], STATES[framework]
+    assert [n["a_in_b_inside"], n["a_in_b_after_inner"], n["a_in_b_after_outer"]] == [on["b"], on["a"], on["off"]]
+    assert [n["b_in_a_inside"], n["b_in_a_after_inner"], n["b_in_a_after_outer"]] == [on["a"], on["b"], on["off"]]
+    assert n["with_b_in_enabled_a_inside"] == on["b"]
+    assert n["with_b_in_enabled_a_after"] == [on["a"], True, False]
+    assert [n["aba_inside"], n["aba_after_inner"], n["aba_after_middle"], n["aba_after_outer"]] == [
+        on["a"],
+        on["b"],
+        on["a"],
+        on["off"],
+    ], "the same policy re-entered inside another is put back in force"
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_ending_an_outer_policy_before_an_inner_one_is_refused(framework: str) -> None:
+    n, on = _steps(framework)["nesting"], STATES[framework]
+    refused = n["refused"]
+    assert "disable that one first" in refused["message"]
+    assert refused["state"] == on["a"] and refused["a"] is True and refused["b"] is True, "nothing changed"
+    assert n["end"] == [on["off"], False, False, []]
+
+
+def test_torch_policy_in_two_threads_at_once_is_on_in_each() -> None:
+    threads = _steps("torch")["threads"]
+    on, off = STATES["torch"]["a"], STATES["torch"]["off"]
+    assert threads["one"] == on and threads["two"] == on, "autocast state is per thread"
+    assert threads["one after"] == off and threads["two after"] == off and threads["main"] == off
+    assert threads["active"] is False
+
+
+def test_jax_with_inside_enable_keeps_the_policy_on() -> None:
+    assert _steps("jax")["nesting"] == {"after_with": True, "after_disable": False}
 
 
 # --- precisions a device cannot run ---------------------------------------------------------

@@ -15,6 +15,11 @@ them exactly, so one training loop serves all three::
         apply(grads)
     scaler.update(finite)
 
+Each framework's scaler also offers the step its users expect (``LossScaler.step``,
+``LossScaler.wrap``): torch ``scaler.step(optimizer)`` (``torch.amp.GradScaler``),
+Keras ``scaler.wrap(optimizer)`` (``LossScaleOptimizer``), JAX ``scaler.step(grads)``
+returning the next scaler from a jitted step.
+
 This module is framework-free: the framework-specific scalers live in
 ``unimem.backends.<framework>.precision`` and subclass ``LossScaler``.
 """
@@ -26,7 +31,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, UnsupportedFeature
 
 __all__ = ["LossScaler", "NoLossScaling", "ScalerConfig", "next_scale"]
 
@@ -98,6 +103,24 @@ class LossScaler(ABC):
     framework's scaler (in ``unimem.backends.<framework>.precision``) subclasses this
     one and keeps exactly these semantics, so one training loop serves all of them.
 
+    Besides that loop, each scaler offers the step its framework's users expect:
+    torch ``step(optimizer)`` then ``update()`` (it wraps ``torch.amp.GradScaler``);
+    Keras ``wrap(optimizer)`` (``LossScaleOptimizer``, for ``model.fit``); JAX
+    ``step(grads)``, which returns the next scaler for a jitted step to return.
+
+    Gradient accumulation: scale every micro-batch's loss with the same scale, and
+    unscale once per optimizer step (one ``unscale``, ``step`` or ``wrap``-ed
+    ``apply`` after the last micro-batch), then ``update`` once. Unscaling per
+    micro-batch would divide the gradients already summed again.
+
+    Data parallelism: every rank must skip the same steps, so the overflow flag is
+    agreed across ranks before a step is skipped or taken. torch: under
+    ``torch.distributed`` (initialised before the scaler's first use) ``step`` uses
+    ``ShardedGradScaler`` and ``unscale`` all-reduces the flag (max); JAX: ``jit`` over
+    sharded arrays reduces globally, and inside ``shard_map``/``pmap`` pass
+    ``step(grads, axis_name=...)``; Keras: ``wrap``, whose optimizer checks gradients
+    after they are all-reduced.
+
     Attributes:
         config (ScalerConfig): The four numbers: ``initial_scale``, ``growth_factor``,
             ``backoff_factor``, ``growth_interval``.
@@ -166,6 +189,56 @@ class LossScaler(ABC):
         Args:
             finite: What ``unscale`` returned for this step's gradients.
         """
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        """The framework's own loss-scaled step, where it has one.
+
+        torch: ``step(optimizer)``, as ``torch.amp.GradScaler.step``: unscales the
+        optimizer's gradients in place, once, and calls ``optimizer.step()`` unless one
+        is inf or nan; call ``update()`` after it. JAX: ``step(grads)`` returns
+        ``(grads / scale, finite, next_scaler)`` and leaves this scaler as it was.
+
+        Args:
+            *args: What the framework's step takes (see above).
+            **kwargs: What the framework's step takes (see above).
+
+        Returns:
+            What the framework's step returns (see above).
+
+        Raises:
+            UnsupportedFeature: This framework's scaler has no step of its own (Keras:
+                use ``wrap(optimizer)``, or ``scale``/``unscale``/``update``).
+        """
+        raise UnsupportedFeature(
+            self.backend,
+            "loss_scaler.step",
+            f"{self.backend}'s loss scaler has no step(); use scale, unscale and update in the training loop",
+        )
+
+    def wrap(self, optimizer: Any) -> Any:
+        """An optimizer that scales the loss itself, where the framework has one.
+
+        Keras: ``keras.optimizers.LossScaleOptimizer`` with this scaler's initial scale
+        and growth interval (``model.fit`` then scales, unscales and skips); a disabled
+        scaler returns ``optimizer`` itself.
+
+        Args:
+            optimizer: The framework's optimizer.
+
+        Returns:
+            The wrapping optimizer, or ``optimizer`` when the scaler is disabled.
+
+        Raises:
+            UnsupportedFeature: The framework has no such optimizer (torch: use
+                ``step(optimizer)``; JAX: ``step(grads)``).
+            ConfigError: The framework's optimizer cannot take this scaler's numbers
+                (Keras' growth and backoff factors are fixed at 2 and 0.5).
+        """
+        raise UnsupportedFeature(
+            self.backend,
+            "loss_scaler.wrap",
+            f"{self.backend} has no optimizer that scales the loss itself; use scale, unscale and update",
+        )
 
     def __repr__(self) -> str:
         return (

@@ -55,8 +55,22 @@ _ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "f
 PARAM_DTYPE = "float32"
 OUTPUT_DTYPE = "float32"  # losses and metrics are reduced in float32 whatever the compute dtype
 
-# One enabled policy at a time per backend: a stack so nested policies restore in order.
-_enabled: dict[str, list[Policy]] = {}
+
+@dataclass(eq=False)
+class _Frame:
+    """One level of a framework's precision stack: the policy in force, how to undo it,
+    and how many holders keep it (``enable()`` and each open ``with`` block)."""
+
+    policy: Policy
+    restore: Callable[[], None]
+    key: tuple[str, int | None]
+    thread: int
+    holds: int = 1
+
+
+# What is in force per framework, innermost last. A stack, so that leaving a policy
+# restores the one outside it; per-thread state (the backend's trait) has one per thread.
+_stacks: dict[tuple[str, int | None], list[_Frame]] = {}
 _lock = threading.Lock()
 
 
@@ -104,7 +118,8 @@ def _resolve_backend(backend: object) -> str:
 def enabled_backends() -> list[str]:
     """Frameworks with a unimem mixed-precision policy enabled now, in registry order."""
     with _lock:
-        return [name for name in registry.FRAMEWORKS if _enabled.get(name)]
+        on = {backend for (backend, _), stack in _stacks.items() if stack}
+        return [name for name in registry.FRAMEWORKS if name in on]
 
 
 class Policy:
@@ -114,7 +129,12 @@ class Policy:
     (``"bfloat16"``); ``dtype("compute")`` gives the framework's dtype object.
     ``enable()`` (or ``with policy:``) turns it on; ``disable()`` restores exactly what
     was in force before. ``loss_scaler()`` gives the uniform loss scaler (a no-op with
-    scale 1 unless ``loss_scaling``). Policies nest: disable the innermost first.
+    scale 1 unless ``loss_scaling``).
+
+    Policies nest. ``with policy:`` while the same policy is already in force (after
+    ``enable()``, or in an outer ``with``) keeps it on when the block ends; another
+    policy entered inside this one restores this one when it ends. Turn the innermost
+    off first: ending an outer one while an inner one is still on is refused.
 
     Attributes:
         backend (str): The framework the policy is for.
@@ -135,8 +155,8 @@ class Policy:
         self._precision = precision
         self._helpers = helpers
         self._per_thread = per_thread  # only the enabling thread may disable it (the backend's trait)
-        self._restore: Callable[[], None] | None = None
-        self._thread: int | None = None
+        self._enabled_frame: _Frame | None = None  # the frame enable() holds
+        self._with_frames: list[_Frame] = []  # the frames open `with` blocks hold, innermost last
         self.backend = backend
         self.device = device  # where computations run: "cuda", "cpu", "gpu", ...
 
@@ -168,8 +188,8 @@ class Policy:
 
     @property
     def active(self) -> bool:
-        """Whether the policy is enabled now."""
-        return self._restore is not None
+        """Whether the policy is enabled now (by ``enable()`` or an open ``with`` block)."""
+        return self._enabled_frame is not None or bool(self._with_frames)
 
     def dtype(self, which: str = "compute") -> Any:
         """The framework's dtype object for ``"compute"``, ``"param"`` or ``"output"``.
@@ -226,55 +246,83 @@ class Policy:
 
     # --- on and off --------------------------------------------------------------------
     def enable(self) -> Policy:
-        """Turn the policy on (no-op if it already is). Returns the policy.
+        """Turn the policy on (no-op if ``enable()`` already did). Returns the policy.
 
         torch: enters ``torch.autocast`` in this thread (autocast state is per thread);
         tensorflow: sets the Keras global dtype policy, which layers built afterwards
-        take; jax: marks it active (JAX has no global precision state).
+        take (build the model after this); jax: marks it active (JAX has no global
+        precision state).
 
         Returns:
             The policy itself.
         """
         with _lock:
-            if self._restore is not None:
-                return self
-            self._restore = self._helpers.enable(self.precision, self.compute_dtype, self.device)
-            self._thread = threading.get_ident()
-            _enabled.setdefault(self.backend, []).append(self)
+            if self._enabled_frame is None:
+                self._enabled_frame = self._hold()
         return self
 
     def disable(self) -> None:
-        """Restore what was in force before ``enable()`` (no-op if not enabled).
+        """Undo ``enable()``: restore what was in force before it, unless an open ``with``
+        block of this policy still keeps it on (no-op if not enabled).
 
         Raises:
-            UnimemError: Another policy for the same framework was enabled after this one
-                and is still on (policies nest: disable that one first); or the
+            UnimemError: Another policy for the same framework was turned on after this
+                one and is still on (policies nest: turn that one off first); or the
                 framework's precision state is per thread (torch) and this is not the
-                thread that enabled it.
+                thread that enabled it. Nothing is changed.
         """
         with _lock:
-            if self._restore is None:
+            frame = self._enabled_frame
+            if frame is None:
                 return
-            stack = _enabled.get(self.backend, [])
-            if stack and stack[-1] is not self:
-                raise UnimemError(
-                    f"{self.backend}: this {self.precision} policy was enabled before the "
-                    f"{stack[-1].precision} policy still on; disable that one first (policies nest)"
-                )
-            if self._per_thread and self._thread != threading.get_ident():
+            if self._per_thread and frame.thread != threading.get_ident():
                 raise UnimemError(
                     f"{self.backend}: the precision state belongs to the thread that enabled it; "
                     "disable the policy in that thread"
                 )
-            restore, self._restore = self._restore, None
-            stack.pop()
-            restore()
+            self._release(frame)
+            self._enabled_frame = None
 
     def __enter__(self) -> Policy:
-        return self.enable()
+        with _lock:
+            self._with_frames.append(self._hold())
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        self.disable()
+        with _lock:
+            here = threading.get_ident()
+            index = max(i for i, frame in enumerate(self._with_frames) if frame.thread == here)
+            self._release(self._with_frames[index])
+            del self._with_frames[index]
+
+    def _hold(self) -> _Frame:
+        """Keep the policy in force (under ``_lock``): one more holder of the frame on top
+        when that is this policy's, else a new frame that puts it in force."""
+        key = (self.backend, threading.get_ident() if self._per_thread else None)
+        stack = _stacks.setdefault(key, [])
+        if stack and stack[-1].policy is self:
+            stack[-1].holds += 1
+            return stack[-1]
+        restore = self._helpers.enable(self.precision, self.compute_dtype, self.device)
+        stack.append(_Frame(self, restore, key, threading.get_ident()))
+        return stack[-1]
+
+    def _release(self, frame: _Frame) -> None:
+        """One holder fewer (under ``_lock``); the last one restores what was before, which
+        only the top frame may do: otherwise refused, nothing changed."""
+        stack = _stacks[frame.key]
+        if frame.holds == 1 and stack[-1] is not frame:
+            raise UnimemError(
+                f"{self.backend}: this {self.precision} policy was enabled before the "
+                f"{stack[-1].policy.precision} policy still on; disable that one first "
+                "(or leave its with block): policies nest"
+            )
+        frame.holds -= 1
+        if frame.holds == 0:
+            stack.pop()
+            if not stack:
+                del _stacks[frame.key]
+            frame.restore()
 
     # --- loss scaling ----------------------------------------------------------------
     def loss_scaler(
@@ -302,7 +350,9 @@ class Policy:
             enabled: None (default): scale under fp16 only; True: always; False: never.
 
         Returns:
-            The framework's scaler, with ``scale``, ``unscale`` and ``update``.
+            The framework's scaler, with ``scale``, ``unscale`` and ``update``, and its
+            framework's own step: torch ``step(optimizer)`` (it wraps
+            ``torch.amp.GradScaler``), Keras ``wrap(optimizer)``, JAX ``step(grads)``.
 
         Raises:
             ConfigError: A number is out of range or not a number (the error names it),
@@ -316,6 +366,11 @@ class Policy:
             if finite:
                 apply(grads)
             scaler.update(finite)
+
+            # torch, as with torch.amp.GradScaler:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)  # unscales p.grad in place once; skipped on inf/nan
+            scaler.update()
             ```
         """
         config = ScalerConfig.build(initial_scale, growth_factor, backoff_factor, growth_interval)
@@ -326,7 +381,8 @@ class Policy:
 
     def wrap_optimizer(self, optimizer: Any, *, initial_scale: float = 2.0**15, growth_interval: int = 2000) -> Any:
         """Keras only: under fp16 ``keras.optimizers.LossScaleOptimizer(optimizer, ...)``,
-        which scales inside ``model.fit``; otherwise ``optimizer`` itself.
+        which scales inside ``model.fit``; otherwise ``optimizer`` itself. The same as
+        ``policy.loss_scaler(...).wrap(optimizer)``.
 
         Args:
             optimizer: A Keras optimizer.

@@ -18,9 +18,10 @@ from typing import Any
 
 from unimem.backends.jax import runtime
 
+from unimem.errors import UnsupportedFeature
 from unimem.loss_scaling import LossScaler, NoLossScaling, ScalerConfig
 
-__all__ = ["JaxLossScaler", "cast", "check", "device", "dtype", "enable", "loss_scaler"]
+__all__ = ["JaxLossScaler", "JaxNoLossScaling", "cast", "check", "device", "dtype", "enable", "loss_scaler"]
 
 
 def _jax() -> Any:
@@ -78,19 +79,21 @@ def enable(precision: str, compute_dtype: str, device: str) -> Callable[[], None
 class JaxLossScaler(LossScaler):
     """Dynamic loss scaling as a JAX pytree: pass it into a jitted step and return it.
 
-    Eagerly it behaves like the torch and TF scalers (``finite`` is a Python bool,
-    ``update`` changes the object). Inside ``jax.jit`` the scaler argument is a traced
-    copy: ``update`` changes that copy, so return it from the step and use the
-    returned one (closing over a scaler inside ``jit`` would freeze its scale as a
-    constant)::
+    ``step(grads)`` is the functional form: it returns the unscaled gradients, whether
+    they are all finite, and the next scaler, leaving this one as it was. Closing over
+    a scaler inside ``jit`` would freeze its scale as a constant: pass it in, return
+    the new one::
 
         @jax.jit
-        def step(params, scaler, batch):
+        def train_step(params, scaler, batch):
             grads = jax.grad(lambda p: scaler.scale(loss_fn(p, batch)))(params)
-            grads, finite = scaler.unscale(grads)
+            grads, finite, scaler = scaler.step(grads)
             params = jax.tree.map(lambda p, g: jnp.where(finite, p - lr * g, p), params, grads)
-            scaler.update(finite)
             return params, scaler
+
+    The uniform ``unscale`` / ``update`` work too: eagerly like the torch and TF
+    scalers (``finite`` is a Python bool, ``update`` changes the object); inside
+    ``jit`` ``update`` changes the traced copy, which the step must return.
     """
 
     def __init__(self, config: ScalerConfig) -> None:
@@ -151,6 +154,75 @@ class JaxLossScaler(LossScaler):
         self._scale = jnp.where(finite, kept_or_grown, self._scale * jnp.float32(config.backoff_factor))
         self._good_steps = jnp.where(finite & ~grow, good_steps, 0).astype(jnp.int32)
 
+    def step(self, grads: Any, *, axis_name: Any = None) -> tuple[Any, Any, JaxLossScaler]:
+        """Unscale ``grads`` and return the scaler for the next step (functional: this one
+        is left as it was).
+
+        Under gradient accumulation, sum the micro-batches' gradients of
+        ``scale(loss)`` first and call it once per optimizer step.
+
+        Args:
+            grads: The gradients of ``scale(loss)``, any pytree.
+            axis_name: Inside ``shard_map``/``pmap``/``vmap`` with a named axis whose
+                members hold different gradients: the axis to agree over (one
+                member's overflow skips the step on all). None (default): no
+                collective (``jit`` over sharded arrays already reduces globally).
+
+        Returns:
+            ``(grads / scale, finite, next_scaler)``: ``finite`` is a Python bool eagerly,
+            a traced boolean inside ``jit`` (apply the update with ``jnp.where``).
+        """
+        jax = sys.modules["jax"]
+        jnp = sys.modules["jax.numpy"]
+        unscaled, finite = self.unscale(grads)
+        if axis_name is not None:  # every member skips the same steps: the minimum over the axis
+            finite = jax.lax.pmin(jnp.asarray(finite, dtype=jnp.int32), axis_name).astype(bool)
+        following = JaxLossScaler.tree_unflatten(self.config, (self._scale, self._good_steps))
+        following.update(finite)
+        return unscaled, finite, following
+
+    def wrap(self, optimizer: Any) -> Any:
+        """Refused: JAX has no optimizer object to wrap.
+
+        Raises:
+            UnsupportedFeature: Always; use ``grads, finite, scaler = scaler.step(grads)``.
+        """
+        raise _no_wrap()
+
+
+class JaxNoLossScaling(NoLossScaling):
+    """The scaler of bf16 and fp32 in JAX: scale 1, and ``step`` that passes the
+    gradients through (a leafless pytree, so it goes through ``jit`` too)."""
+
+    def step(self, grads: Any, *, axis_name: Any = None) -> tuple[Any, bool, JaxNoLossScaling]:
+        """``(grads, True, self)``: nothing is scaled, so nothing overflows.
+
+        Args:
+            grads: Any pytree of gradients.
+            axis_name: Ignored (nothing to agree on).
+
+        Returns:
+            ``grads`` untouched, True and this scaler.
+        """
+        return grads, True, self
+
+    def wrap(self, optimizer: Any) -> Any:
+        """Refused as for the fp16 scaler (``step(grads)`` is the JAX way).
+
+        Raises:
+            UnsupportedFeature: Always.
+        """
+        raise _no_wrap()
+
+
+def _no_wrap() -> UnsupportedFeature:
+    return UnsupportedFeature(
+        "jax",
+        "loss_scaler.wrap",
+        "JAX has no optimizer object that scales the loss itself; in the jitted step use "
+        "grads, finite, scaler = scaler.step(grads) and apply the update where finite",
+    )
+
 
 def _unscale(grads: Any, scale: Any) -> tuple[Any, Any]:
     """``(grads / scale, all finite)`` in pure jax.numpy: traceable, jit-able."""
@@ -191,13 +263,13 @@ def _register_pytree() -> None:
             tree_util.register_pytree_node(JaxLossScaler, JaxLossScaler.tree_flatten, JaxLossScaler.tree_unflatten)
             # The no-op scaler of bf16/fp32 goes into jitted steps too: a leafless pytree.
             tree_util.register_pytree_node(
-                NoLossScaling,
+                JaxNoLossScaling,
                 lambda scaler: ((), (scaler.config, scaler.backend)),
-                lambda aux, _: NoLossScaling(*aux),
+                lambda aux, _: JaxNoLossScaling(*aux),
             )
             _registered = True
 
 
 def loss_scaler(config: ScalerConfig, enabled: bool) -> LossScaler:
     _register_pytree()
-    return JaxLossScaler(config) if enabled else NoLossScaling(config, "jax")
+    return JaxLossScaler(config) if enabled else JaxNoLossScaling(config, "jax")

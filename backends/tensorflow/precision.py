@@ -12,11 +12,21 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from unimem.errors import ConfigError
+from unimem.errors import ConfigError, UnsupportedFeature
 from unimem.loss_scaling import LossScaler, NoLossScaling, ScalerConfig
 from unimem.trees import map_leaves, tree_leaves
 
-__all__ = ["TensorFlowLossScaler", "cast", "check", "device", "dtype", "enable", "loss_scaler", "wrap_optimizer"]
+__all__ = [
+    "TensorFlowLossScaler",
+    "TensorFlowNoLossScaling",
+    "cast",
+    "check",
+    "device",
+    "dtype",
+    "enable",
+    "loss_scaler",
+    "wrap_optimizer",
+]
 
 KERAS_POLICIES = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16", "fp32": "float32"}
 
@@ -155,14 +165,84 @@ class TensorFlowLossScaler(LossScaler):
         self._scale.assign(tf.where(finite, kept_or_grown, self._scale * config.backoff_factor))
         self._good_steps.assign(tf.where(tf.logical_and(finite, tf.logical_not(grow)), good_steps, 0))
 
+    def wrap(self, optimizer: Any) -> Any:
+        """``keras.optimizers.LossScaleOptimizer(optimizer)`` with this scaler's initial
+        scale and growth interval: ``model.fit`` then scales the loss, unscales the
+        gradients and skips steps that overflow (in a custom loop, differentiate
+        ``opt.scale_loss(loss)`` and call ``opt.apply(grads)``). It keeps its own scale;
+        this scaler's state is not shared with it.
+
+        Args:
+            optimizer: A Keras optimizer.
+
+        Returns:
+            The ``LossScaleOptimizer``.
+
+        Raises:
+            ConfigError: The scaler's ``growth_factor`` or ``backoff_factor`` is not 2 or
+                0.5, which Keras fixes.
+        """
+        return wrap_optimizer(optimizer, self.config)
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused: Keras' loss-scaled step is its optimizer's.
+
+        Raises:
+            UnsupportedFeature: Always; use ``wrap(optimizer)``, or ``scale``/``unscale``/
+                ``update`` in a ``tf.GradientTape`` loop.
+        """
+        raise _no_step()
+
+
+class TensorFlowNoLossScaling(NoLossScaling):
+    """The scaler of bf16 and fp32 in TensorFlow: scale 1; ``wrap`` returns the optimizer."""
+
+    def wrap(self, optimizer: Any) -> Any:
+        """``optimizer`` itself: nothing to scale.
+
+        Args:
+            optimizer: A Keras optimizer.
+
+        Returns:
+            ``optimizer``, unchanged.
+        """
+        return optimizer
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused as for the fp16 scaler.
+
+        Raises:
+            UnsupportedFeature: Always; use ``wrap(optimizer)``.
+        """
+        raise _no_step()
+
+
+def _no_step() -> UnsupportedFeature:
+    return UnsupportedFeature(
+        "tensorflow",
+        "loss_scaler.step",
+        "Keras' loss-scaled step is its optimizer's: use scaler.wrap(optimizer) (LossScaleOptimizer), "
+        "or scale, unscale and update in a tf.GradientTape loop",
+    )
+
 
 def loss_scaler(config: ScalerConfig, enabled: bool) -> LossScaler:
-    return TensorFlowLossScaler(config) if enabled else NoLossScaling(config, "tensorflow")
+    return TensorFlowLossScaler(config) if enabled else TensorFlowNoLossScaling(config, "tensorflow")
 
 
 def wrap_optimizer(optimizer: Any, config: ScalerConfig) -> Any:
     """``keras.optimizers.LossScaleOptimizer``: fixed factors 2 and 0.5, so only the
-    initial scale and the growth interval are passed."""
+    initial scale and the growth interval are passed (other factors are refused)."""
+    for parameter, value, fixed in (
+        ("growth_factor", config.growth_factor, 2.0),
+        ("backoff_factor", config.backoff_factor, 0.5),
+    ):
+        if value != fixed:
+            raise ConfigError(
+                parameter,
+                f"Keras' LossScaleOptimizer fixes it at {fixed:g}, got {value!r}; pass {fixed:g}, or use "
+                "scale, unscale and update in a tf.GradientTape loop",
+            )
     keras = _keras()
     return keras.optimizers.LossScaleOptimizer(
         optimizer, initial_scale=config.initial_scale, dynamic_growth_steps=config.growth_interval

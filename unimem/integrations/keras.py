@@ -14,10 +14,12 @@ Keys added to the logs (only those known here: Keras logs must be numbers, and a
 unknown figure is left out rather than sent as 0):
 
 - per batch (``per_batch=True``): ``mem_allocated``, ``mem_reserved``, ``mem_peak``
-  (the peak during the batch), ``mem_process`` (NVML), ``mem_host_rss``;
-- per epoch: the same, with ``mem_peak`` the peak over the epoch.
+  (the peak during the batch), ``mem_process`` (NVML), ``mem_host_rss`` and
+  ``mem_host_peak`` (this process's resident host memory at the end, and its peak during
+  the batch);
+- per epoch: the same, with ``mem_peak`` and ``mem_host_peak`` the peaks over the epoch.
 
-On the CPU only ``mem_host_rss`` is known. A per-batch callback makes Keras run
+On the CPU only the host figures are known. A per-batch callback makes Keras run
 callbacks synchronously (it must read memory at the batch's end); ``per_batch=False``
 keeps Keras's asynchronous dispatch and records per epoch only.
 """
@@ -58,6 +60,7 @@ def _figures(tracked: Tracked, host_rss: int | None) -> dict[str, int]:
         "mem_peak": tracked.peak,
         "mem_process": end.process_used if end else None,
         "mem_host_rss": host_rss,
+        "mem_host_peak": tracked.host_peak,
     }
     return {key: int(value) for key, value in known.items() if value is not None}
 
@@ -108,6 +111,8 @@ class MemoryCallback(keras.callbacks.Callback):
                 "duration": tracked.duration,
                 "allocated": tracked.end.allocated if tracked.end else None,
                 "host_rss": figures.get("mem_host_rss"),
+                "host_peak": tracked.host_peak,
+                "host_delta": tracked.host_delta,
                 "note": tracked.note,
             }
         )
