@@ -24,7 +24,7 @@ from PIL import Image
 import unimem
 import unimem.monitoring as monitor_module
 from unimem.cli import main as cli_main
-from unimem.recording import BoundedSeries, Sample, load_recording
+from unimem.recording import BoundedSeries, Recording, Sample, load_recording
 
 FLAKY_PROBE = """
     calls = {"n": 0}
@@ -321,3 +321,34 @@ def test_interleaved_streams_each_draw_a_line(tmp_path: Path) -> None:
     process = list(lines["process_used"].get_ydata())
     assert len(process) == 21 and math.isnan(process[-1]) and not any(math.isnan(y) for y in process[:-1])
     plt.close(fig)
+
+
+def test_csv_keeps_the_metadata_a_plot_needs(tmp_path):
+    recording = Recording(
+        [Sample(1.0, "device", host_rss=1 << 20), Sample(2.0, "device", host_rss=2 << 20)],
+        [],
+        {"backend": "jax", "device": 1, "limit": 3 << 30, "interval": 0.01},
+    )
+    back = load_recording(recording.to_csv(tmp_path / "run.csv"))
+    assert back.meta == {"backend": "jax", "device": 1, "limit": 3 << 30, "interval": 0.01}
+    assert [s.host_rss for s in back.samples] == [1 << 20, 2 << 20]
+
+
+@pytest.mark.parametrize(
+    ("method", "name"),
+    [("plot", "memory.json"), ("to_json", "memory.png"), ("to_csv", "memory.json"), ("plot", "memory")],
+)
+def test_a_file_named_for_another_format_is_refused_and_nothing_is_written(tmp_path, method, name):
+    recording = Recording([Sample(1.0, "device", host_rss=1 << 20)], [], {})
+    with pytest.raises(unimem.ConfigError) as info:
+        getattr(recording, method)(tmp_path / name)
+    assert info.value.parameter == "path"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_missing_folder_is_refused_not_created(tmp_path):
+    recording = Recording([Sample(1.0, "device", host_rss=1 << 20)], [], {})
+    for method, name in (("to_json", "run.json"), ("to_csv", "run.csv"), ("plot", "run.png")):
+        with pytest.raises(unimem.ConfigError, match="does not exist"):
+            getattr(recording, method)(tmp_path / "no" / "such" / name)
+    assert not (tmp_path / "no").exists()

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,28 @@ def test_missing_command_is_127(tmp_path: Path) -> None:
     proc = _run(["--backend", "jax", "--growth", "--", str(tmp_path / "no-such-program")])
     assert proc.returncode == 127
     assert "not found" in proc.stderr
+
+
+def test_unimem_warnings_print_as_one_line_without_unimems_source_line(
+    tmp_path: Path, need: Callable[[str], None]
+) -> None:
+    need("jax")  # one installed framework without an expandable-segments allocator: a warning
+    script = _script(
+        tmp_path,
+        """
+        import warnings
+        import unimem
+        warnings.warn("a warning of the script's own")
+        warnings.warn("unimem says so", unimem.UnimemWarning)
+        """,
+    )
+    proc = _run(["--allocator", "expandable", "--", sys.executable, str(script)])
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    # In `unimem run` itself (applying the settings) and in the command it started.
+    assert any(line.startswith("unimem: jax: allocator not applied") for line in lines), proc.stderr
+    assert "unimem: unimem says so" in lines
+    assert "UnimemWarning" not in proc.stderr
+    assert "unimem/run.py" not in proc.stderr and "unimem.configure(" not in proc.stderr
+    # Other warnings keep Python's format, with the line that raised them.
+    assert any(line.endswith("UserWarning: a warning of the script's own") for line in lines), proc.stderr

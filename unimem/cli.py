@@ -6,19 +6,21 @@ import json
 import os
 import platform
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import __version__, device_view, registry
-from .errors import BackendUnavailable, UnimemError
+from .cli_observe import output_console, plot, titled_table, watch
+from .errors import BackendUnavailable, ConfigError, UnimemError
 from .sizes import format_bytes
+
+if TYPE_CHECKING:
+    from .compare import Comparison
 
 
 def _console() -> Any:
-    from rich.console import Console
-
-    return Console()
+    return output_console()
 
 
 def _nvml_devices() -> tuple[list[dict[str, Any]], str]:
@@ -54,11 +56,9 @@ def info(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    from rich.table import Table
-
     console = _console()
     console.print(f"[bold]unimem {__version__}[/bold] · Python {data['python']} · {data['platform']}")
-    table = Table(title="Frameworks")
+    table = titled_table("Frameworks")
     for column in ("backend", "installed", "version"):
         table.add_column(column)
     for row in frameworks:
@@ -68,7 +68,7 @@ def info(as_json: bool) -> None:
         console.print(f"NVML: [yellow]{nvml}[/yellow]")
         console.print("No GPU figures on this machine: frameworks run on the CPU here.")
         return
-    gpus = Table(title=f"GPUs (driver {devices[0]['driver'] if devices else '?'})")
+    gpus = titled_table(f"GPUs (driver {devices[0]['driver'] if devices else '?'})")
     for column in ("NVML index", "name", "UUID", "total", "free"):
         gpus.add_column(column)
     for d in devices:
@@ -88,26 +88,106 @@ def _process_rows() -> list[dict[str, Any]]:
     ]
 
 
+FRESH_PROCESS_NOTE = (
+    "this is a fresh process: {name} has not started here; figures of a running process come from NVML — "
+    "`unimem stats` lists every process on every GPU, `unimem stats --pid PID` one process"
+)
+
+
+def _backend_stats(backend: str, device: int, as_json: bool) -> None:
+    """One backend's MemoryStats read in this process, with why a framework's are n/a here."""
+    import unimem
+
+    try:
+        name = registry.canonical_name(backend)
+        snapshot = unimem.stats(name, device)
+    except ConfigError as exc:
+        option = "--device" if exc.parameter == "device" else "--backend"
+        raise click.BadParameter(str(exc), param_hint=option) from None
+    except UnimemError as exc:  # e.g. NVML asked for by name on a machine without it
+        click.echo(f"unimem stats: {exc}", err=True)
+        sys.exit(1)
+    # A framework's counters live in the process that runs it; this command starts none.
+    note = None if name == registry.FRAMEWORK_FREE else FRESH_PROCESS_NOTE.format(name=name)
+    if as_json:
+        data = snapshot.as_dict()
+        if note is not None:
+            data["note"] = note
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(unimem.summary(name, device))
+    if note is not None:
+        click.echo(f"\nnote: {note}")
+
+
+def _host_rss(pid: int) -> tuple[int | None, bool | None]:
+    """``(resident bytes, whether the process exists here)``; None for what psutil cannot tell."""
+    try:
+        import psutil
+    except ImportError:
+        return None, None
+    try:
+        return int(psutil.Process(pid).memory_info().rss), True
+    except psutil.NoSuchProcess:
+        return None, False
+    except psutil.Error:  # exists, but its memory is not ours to read
+        return None, True
+
+
+def _pid_stats(pid: int, as_json: bool) -> None:
+    """The bytes process ``pid`` holds on each GPU (NVML), and its host RSS."""
+    _, nvml = _nvml_devices()
+    rows = [row for row in _process_rows() if row["pid"] == pid] if nvml == "ok" else []
+    host_rss, exists = _host_rss(pid)
+    data = {registry.FRAMEWORK_FREE: nvml, "pid": pid, "processes": rows, "host_rss": host_rss, "exists": exists}
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    console = _console()
+    if exists is False and not rows:  # NVML may list a process this PID namespace cannot see
+        console.print(f"No process {pid} on this host.")
+    if nvml != "ok":
+        console.print(f"NVML: [yellow]{nvml}[/yellow]")
+        console.print("No GPU figures on this machine.")
+    elif rows:
+        table = titled_table(f"Process {pid} on the GPUs (NVML)")
+        for column in ("device", "used"):
+            table.add_column(column, justify="right")
+        for row in rows:
+            table.add_row(str(row["device"]), format_bytes(row["used"]))
+        console.print(table)
+    else:
+        # NVML lists the processes of its own PID namespace: one in a container may be missing.
+        console.print(f"NVML lists no memory of process {pid} on any GPU.")
+    if host_rss is not None:
+        console.print(f"host RSS of process {pid}: {format_bytes(host_rss)}")
+
+
 @main.command()
 @click.option(
     "--backend",
     "-b",
     default=None,
     help=f"Framework whose figures to read in this process ({', '.join(registry.FRAMEWORKS)}); "
-    "default: NVML for every GPU.",
+    "default: NVML for every GPU. A framework has not started in this fresh process: its figures are n/a.",
 )
 @click.option("--device", "-d", default=0, show_default=True, help="Device index (with --backend).")
+@click.option("--pid", "-p", type=int, default=None, help="Only this process: its bytes on each GPU (NVML).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def stats(backend: str | None, device: int, as_json: bool) -> None:
-    """Memory figures: per GPU and per process from NVML, or one backend's MemoryStats."""
+def stats(backend: str | None, device: int, pid: int | None, as_json: bool) -> None:
+    """Memory figures: per GPU and per process from NVML, one process's, or one backend's MemoryStats."""
     import unimem
 
+    if backend is not None and pid is not None:
+        raise click.UsageError(
+            "--pid reads NVML's per-process figures, --backend a framework's counters in this process; "
+            "drop --backend to see what process PID holds"
+        )
     if backend is not None:
-        snapshot = unimem.stats(backend, device)
-        if as_json:
-            click.echo(json.dumps(snapshot.as_dict(), indent=2))
-        else:
-            click.echo(unimem.summary(backend, device))
+        _backend_stats(backend, device, as_json)
+        return
+    if pid is not None:
+        _pid_stats(pid, as_json)
         return
     devices, nvml = _nvml_devices()
     snapshots = [unimem.stats(registry.FRAMEWORK_FREE, d["index"]).as_dict() for d in devices] if nvml == "ok" else []
@@ -115,8 +195,6 @@ def stats(backend: str | None, device: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({registry.FRAMEWORK_FREE: nvml, "devices": snapshots, "processes": processes}, indent=2))
         return
-    from rich.table import Table
-
     console = _console()
     if nvml != "ok":
         # No GPU figures exist here; the host's memory is what a CPU run draws on.
@@ -124,13 +202,13 @@ def stats(backend: str | None, device: int, as_json: bool) -> None:
 
         memory = psutil.virtual_memory()
         console.print(f"NVML: [yellow]{nvml}[/yellow]")
-        host = Table(title="Host memory (no GPU figures on this machine)")
+        host = titled_table("Host memory (no GPU figures on this machine)")
         for column in ("total", "used", "available"):
             host.add_column(column, justify="right")
         host.add_row(format_bytes(memory.total), format_bytes(memory.used), format_bytes(memory.available))
         console.print(host)
         return
-    table = Table(title="GPU memory (NVML)")
+    table = titled_table("GPU memory (NVML)")
     for column in ("device", "total", "used", "free"):
         table.add_column(column, justify="right")
     for snap in snapshots:
@@ -138,7 +216,7 @@ def stats(backend: str | None, device: int, as_json: bool) -> None:
         used = None if total is None or free is None else total - free
         table.add_row(str(snap["device"]), format_bytes(total), format_bytes(used), format_bytes(free))
     console.print(table)
-    procs = Table(title="Processes (NVML)")
+    procs = titled_table("Processes (NVML)")
     for column in ("device", "pid", "used"):
         procs.add_column(column, justify="right")
     for row in processes:
@@ -200,18 +278,24 @@ def compare(
     from pathlib import Path
 
     from rich.progress import Progress
-    from rich.table import Table
 
     from . import compare as compare_module
 
     console = _console()
-    with Progress(console=console, transient=True) as bar:
+    # Off a terminal a redrawn bar is noise in the log: each run's start is one line on stderr instead.
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
         total = (
             (len(frameworks) or len([b for b in registry.available_backends() if b in registry.FRAMEWORKS]))
             * (len(workloads) or len(compare_module.WORKLOADS))
             * (len(configs) or len(compare_module.CONFIGS))
         )
         task = bar.add_task("comparing", total=total)
+
+        def show_progress(label: str) -> None:
+            if console.is_terminal:
+                bar.update(task, description=label)
+            else:
+                click.echo(f"unimem compare: running {label}", err=True)
 
         def on_result(partial: compare_module.Comparison) -> None:
             bar.advance(task)
@@ -226,36 +310,54 @@ def compare(
                 configs or tuple(compare_module.CONFIGS),
                 size=size,
                 steps=steps,
-                progress=lambda label: bar.update(task, description=label),
+                progress=show_progress,
                 on_result=on_result,
             )
         except UnimemError as exc:
             raise click.UsageError(str(exc)) from None
+    written: list[Path] = []
     if out is not None:
         folder = Path(out)
         folder.mkdir(parents=True, exist_ok=True)
         result.to_json(folder / "compare.json")
+        written.append(folder / "compare.json")
         try:
             result.plot(folder / "compare.png")
+            written.append(folder / "compare.png")
         except BackendUnavailable as exc:  # the figures are in the JSON; the picture needs the plot extra
             click.echo(f"no compare.png: {exc}", err=True)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return
+    print_comparison(console, result)
+    if written:
+        console.print(f"wrote {' and '.join(str(path) for path in written)}")
+
+
+def print_comparison(console: Any, result: Comparison) -> None:
+    """The comparison as a table, then why runs failed and what n/a means on this machine.
+
+    Args:
+        console: A rich console (``output_console()``: off a terminal, lines are not broken).
+        result: A ``unimem.compare.Comparison``.
+    """
+    from . import compare as compare_module
+
     header, rows = compare_module.table_rows(result)
-    table = Table(title=f"unimem compare · {result.machine['device']} · size {size}")
+    machine = result.machine
+    table = titled_table(f"unimem compare · {machine.get('device', '?')} · size {machine.get('size', '?')}")
     for column in header:
         table.add_column(column, justify="left" if column in ("framework", "workload", "config") else "right")
     for row in rows:
         table.add_row(*row)
     console.print(table)
+    for line in compare_module.failures(result):
+        console.print(f"failed: {line}", markup=False)
     if not result.has_gpu:
         console.print(
             "No GPU here: device figures (held at start, peaks, NVML process peak) are n/a; "
             "host peak RSS is the process's memory on the CPU."
         )
-    if out is not None:
-        console.print(f"wrote {Path(out) / 'compare.json'} and {Path(out) / 'compare.png'}")
 
 
 class _RunCommand(click.Command):
@@ -300,7 +402,10 @@ def _split_option(ctx: click.Context, param: click.Parameter, value: str | None)
 @click.option("--limit", callback=_split_option, help="Cap in bytes or a size: 8GiB, or torch=8GiB,jax=4GiB.")
 @click.option("--growth/--no-growth", default=None, help="Allocate on demand / preallocate the allowance.")
 @click.option("--allocator", type=click.Choice(["default", "async", "expandable", "uncached"]))
-@click.option("--devices", help="Visible device indices, comma-separated (CUDA_VISIBLE_DEVICES semantics).")
+@click.option(
+    "--devices",
+    help="Visible device indices, comma-separated (CUDA_VISIBLE_DEVICES semantics); per-rank: each rank's own GPU.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Print what was applied, here and in each Python started.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -326,8 +431,10 @@ def run(
 
     if not ctx.meta.get("unimem_dashdash") or not command:
         raise click.UsageError("put the command after --, e.g. unimem run --fraction 0.25 -- python train.py")
-    device_list: list[int] | None = None
-    if devices is not None:
+    device_list: list[int] | str | None = None
+    if devices is not None and devices.strip().lower() == "per-rank":
+        device_list = "per-rank"
+    elif devices is not None:
         try:
             device_list = [int(part) for part in devices.split(",")]
         except ValueError:
@@ -356,9 +463,7 @@ def run(
         sys.exit(126)
 
 
-from .cli_observe import plot, watch  # noqa: E402  (observability commands live in their own module)
-
-main.add_command(watch)
+main.add_command(watch)  # the observability commands live in cli_observe.py
 main.add_command(plot)
 
 if __name__ == "__main__":

@@ -6,9 +6,15 @@ Registered on the ``unimem`` command group by cli.py. Imports no framework.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
@@ -16,9 +22,31 @@ import click
 from . import device_view, registry
 from .sizes import format_bytes
 
-__all__ = ["collect_watch", "plot", "watch"]
+__all__ = ["collect_watch", "output_console", "plot", "titled_table", "watch"]
 
 STATUS = registry.FRAMEWORK_FREE  # the key a snapshot gives the device view's status under
+# Off a terminal (a pipe, a log file) no width exists to fit: a line is as long as its content,
+# so no figure is split across lines and every table row stays one line for grep.
+UNBOUNDED_WIDTH = 100_000
+
+
+def output_console() -> Any:
+    """A rich console on stdout: the terminal's width on a terminal, lines unbroken elsewhere."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console.width = UNBOUNDED_WIDTH
+    return console
+
+
+def titled_table(title: str) -> Any:
+    """A rich table whose title stays one line, however narrow the table below it."""
+    from rich.table import Table
+    from rich.text import Text
+
+    # rich wraps a title to its table's width ("Process 777 on the / GPUs (NVML)").
+    return Table(title=Text(title, style="table.title", no_wrap=True, overflow="ignore"))
 
 
 def _host_memory() -> dict[str, int | None]:
@@ -84,25 +112,27 @@ def collect_watch() -> dict[str, Any]:
 
 def _render(data: dict[str, Any]) -> Any:
     from rich.console import Group
-    from rich.table import Table
+    from rich.markup import escape
     from rich.text import Text
 
+    # Names and errors come from NVML and the OS: escaped, a "[" in them is text, not markup.
     parts: list[Any] = [Text(f"unimem watch · {time.strftime('%H:%M:%S', time.localtime(data['time']))}", style="bold")]
     if data[STATUS] != "ok":
         parts.append(Text(f"NVML: {data[STATUS]}", style="yellow"))
         parts.append(Text("No GPU figures here: showing host memory."))
     else:
-        devices = Table(title="GPU memory (NVML)")
+        devices = titled_table("GPU memory (NVML)")
         for column in ("device", "name", "used", "total", "free", "use"):
             devices.add_column(column, justify="right" if column != "name" else "left")
         for row in data["devices"]:
             if row["error"]:
-                devices.add_row(str(row["index"]), row["name"], f"[red]{row['error']}[/red]", "", "", "")
+                failed = f"[red]{escape(row['error'])}[/red]"
+                devices.add_row(str(row["index"]), escape(row["name"]), failed, "", "", "")
                 continue
             share = "n/a" if not row["total"] else f"{row['used'] / row['total']:.0%}"
             devices.add_row(
                 str(row["index"]),
-                row["name"],
+                escape(row["name"]),
                 format_bytes(row["used"]),
                 format_bytes(row["total"]),
                 format_bytes(row["free"]),
@@ -110,26 +140,26 @@ def _render(data: dict[str, Any]) -> Any:
             )
         parts.append(devices)
         if data["processes"]:
-            procs = Table(title="Processes (NVML)")
+            procs = titled_table("Processes (NVML)")
             for column in ("device", "pid", "name", "used"):
                 procs.add_column(column, justify="right" if column != "name" else "left")
             for proc in data["processes"]:
-                procs.add_row(str(proc["device"]), str(proc["pid"]), proc["name"], format_bytes(proc["used"]))
+                procs.add_row(str(proc["device"]), str(proc["pid"]), escape(proc["name"]), format_bytes(proc["used"]))
             parts.append(procs)
         else:
             parts.append(Text("No compute processes on any GPU."))
     host = data["host"]
-    hosts = Table(title="Host memory")
+    hosts = titled_table("Host memory")
     for column in ("total", "used", "available"):
         hosts.add_column(column, justify="right")
     hosts.add_row(format_bytes(host["total"]), format_bytes(host["used"]), format_bytes(host["available"]))
     parts.append(hosts)
     if data.get("host_processes"):
-        top = Table(title="Largest host processes (RSS)")
+        top = titled_table("Largest host processes (RSS)")
         for column in ("pid", "name", "rss"):
             top.add_column(column, justify="right" if column != "name" else "left")
         for proc in data["host_processes"]:
-            top.add_row(str(proc["pid"]), proc["name"], format_bytes(proc["rss"]))
+            top.add_row(str(proc["pid"]), escape(proc["name"]), format_bytes(proc["rss"]))
         parts.append(top)
     return Group(*parts)
 
@@ -151,6 +181,98 @@ def _gauges(data: dict[str, Any]) -> list[Any]:
     return gauges
 
 
+class _Stopped(Exception):
+    """Raised by the SIGINT/SIGTERM handler to cut short the wait between two frames."""
+
+
+class StopSignals:
+    """SIGINT and SIGTERM end ``watch`` with its last frame shown and exit status 0.
+
+    A signal during the wait between frames ends it at once; one during a frame ends it
+    once that frame is printed, so no frame is cut in half.
+    """
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self._waiting = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.stopped = True
+        if self._waiting:
+            raise _Stopped
+
+    @contextmanager
+    def installed(self) -> Iterator[StopSignals]:
+        """The handlers, for the ``with`` block; the previous ones come back after it."""
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():  # Python runs handlers on the main thread only
+            for number in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(number) == signal.SIG_IGN:  # ignored on purpose (a background job, nohup)
+                    continue
+                previous[number] = signal.signal(number, self._handle)
+        try:
+            yield self
+        except _Stopped:  # a signal that landed a moment before or after the wait's own ``try``
+            pass
+        finally:
+            for restored, handler in previous.items():
+                signal.signal(restored, signal.SIG_DFL if handler is None else handler)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds``; False when a signal asked to stop (before or during the sleep)."""
+        if self.stopped:
+            return False
+        self._waiting = True
+        try:
+            time.sleep(seconds)
+        except _Stopped:
+            pass
+        finally:
+            self._waiting = False
+        return not self.stopped
+
+
+def _frames(count: int | None, interval: float, stop: StopSignals) -> Iterator[dict[str, Any]]:
+    """Snapshots every ``interval`` seconds until ``count`` are taken or a signal stops them."""
+    shown = 0
+    while count is None or shown < count:
+        if shown and not stop.wait(interval):
+            return
+        yield collect_watch()
+        shown += 1
+        if stop.stopped:
+            return
+
+
+def _show_frames(frames: Iterator[dict[str, Any]], as_json: bool, console: Any) -> None:
+    """JSON lines, or tables: redrawn in place on a terminal, one after another elsewhere."""
+    if as_json or not console.is_terminal:
+        # A pipe or a log keeps every frame as it was printed: a reader (or ``tail -f``) sees
+        # each one whole, and the last one is there whenever the watch is stopped.
+        for index, data in enumerate(frames):
+            if as_json:
+                click.echo(json.dumps(data))
+            else:
+                if index:
+                    console.print()  # a blank line between frames
+                console.print(_render(data))
+        return
+    from rich.live import Live
+
+    with Live(console=console, auto_refresh=False) as live:  # leaves the last frame on screen
+        for data in frames:
+            live.update(_render(data), refresh=True)
+
+
+def _stdout_gone() -> None:
+    """The reader of stdout has gone (``unimem watch | head``): end quietly, status 0."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit would fail on the closed pipe
+    except (OSError, ValueError, AttributeError):  # no real file behind stdout (a test runner's buffer)
+        pass
+
+
 @click.command()
 @click.option("--interval", "-n", default=1.0, show_default=True, type=float, help="Seconds between refreshes.")
 @click.option("--once", is_flag=True, help="Print one snapshot and exit.")
@@ -167,7 +289,12 @@ def _gauges(data: dict[str, Any]) -> list[Any]:
 def watch(
     interval: float, once: bool, count: int | None, as_json: bool, prometheus_port: int | None, bind: str
 ) -> None:
-    """Live memory per GPU and per process (NVML); host memory where NVML is absent."""
+    """Live memory per GPU and per process (NVML); host memory where NVML is absent.
+
+    On a terminal the view is redrawn in place; in a pipe or a log each refresh is printed
+    in turn (tables, or one JSON line each with ``--json``). Ctrl+C (SIGINT) and SIGTERM
+    end it with the last refresh shown and exit status 0.
+    """
     from .errors import ConfigError
     from .monitoring import _check_interval
 
@@ -185,32 +312,12 @@ def watch(
 
         server = serve(lambda: _gauges(collect_watch()), prometheus_port, bind)
         click.echo(f"serving metrics at http://{server.host}:{server.port}/metrics", err=True)
+    stop = StopSignals()
     try:
-        if as_json:
-            shown = 0
-            while count is None or shown < count:
-                if shown:
-                    time.sleep(interval)
-                click.echo(json.dumps(collect_watch()))
-                shown += 1
-            return
-        from rich.console import Console
-
-        console = Console()
-        if count == 1:
-            console.print(_render(collect_watch()))
-            return
-        from rich.live import Live
-
-        shown = 0
-        with Live(_render(collect_watch()), console=console, auto_refresh=False) as live:
-            shown = 1
-            while count is None or shown < count:
-                time.sleep(interval)
-                live.update(_render(collect_watch()), refresh=True)
-                shown += 1
-    except KeyboardInterrupt:
-        pass
+        with stop.installed():
+            _show_frames(_frames(count, interval, stop), as_json, output_console())
+    except BrokenPipeError:
+        _stdout_gone()
     finally:
         if server is not None:
             server.close()
@@ -236,10 +343,31 @@ def plot(recording: Path, output: Path | None, title: str | None, width: int, he
     if width < 100 or height < 100:
         raise click.BadParameter("width and height must be at least 100 pixels")
     target = output or recording.with_suffix(".png")
+    _check_output(target)
     try:
         data = load_recording(recording)
+        if title is None and not data.meta:
+            # A recording without metadata (a CSV keeps none) names no framework or device:
+            # the file's name titles the plot rather than a made-up "no framework, device 0".
+            title = f"unimem: {recording.name}"
         data.plot(target, title=title, figsize=(width / 100, height / 100), dpi=100)
     except UnimemError as exc:
         click.echo(f"unimem plot: {exc}", err=True)
         sys.exit(1)
     click.echo(f"wrote {target} ({len(data.samples)} samples, {len(data.marks)} marks)")
+
+
+def _check_output(target: Path) -> None:
+    """The PNG goes into a folder that exists, under a name that says PNG; nothing is created otherwise."""
+    if target.suffix.lower() != ".png":
+        raise click.BadParameter(
+            f"{target} does not end in .png; the plot is a PNG: name it e.g. {target.with_suffix('.png').name}",
+            param_hint="'--output'",
+        )
+    folder = target.parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise click.BadParameter(
+            f"the folder {folder} {what}; create it first (mkdir -p {folder}) or pick another path",
+            param_hint="'--output'",
+        )

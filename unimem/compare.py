@@ -221,7 +221,9 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     rows = []
     for r in comparison.results:
         if not r.get("ok"):
-            rows.append([r["framework"], r["workload"], r["config"], "—", f"failed: {r.get('error', '?')}"] + [""] * 6)
+            # The reason goes under the table (``failures``): a long message in a cell would
+            # widen its column for every row.
+            rows.append([r["framework"], r["workload"], r["config"], "failed"] + [""] * 7)
             continue
         rows.append(
             [
@@ -241,3 +243,12 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     # Columns this machine cannot fill (device figures without a GPU) would only say n/a.
     keep = [i for i in range(len(header)) if i < 3 or any(row[i] not in ("n/a", "") for row in rows)]
     return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
+
+
+def failures(comparison: Comparison) -> list[str]:
+    """One line per failed run: ``framework · workload · config: reason``."""
+    return [
+        f"{r['framework']} · {r['workload']} · {r['config']}: {r.get('error', '?')}"
+        for r in comparison.results
+        if not r.get("ok")
+    ]

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import host_memory
 from .config import check_device
 from .errors import ConfigError
-from .monitor_sampler import host_rss_reader
 from .recording import SOURCE_STEP, BoundedSeries, Mark, Recording, Sample
 from .tracking import Tracked
 
@@ -35,10 +35,11 @@ class MemoryHook:
     training thread. It reads the allocator right there (no background thread, nothing
     fighting for the GIL) and records, per step, the memory at the step's end and the
     peak during it (exact on torch; on JAX a lower bound unless the process peak rose,
-    see ``track``).
+    see ``track``), and the same for host memory (``host_rss``, ``host_peak``: known
+    without a GPU too).
 
     Each step's figures are also in ``last`` (a ``Tracked``: ``peak``, ``delta``,
-    ``duration``, ``start``/``end`` stats). The first ``step()`` opens the first
+    ``host_peak``, ``host_delta``, ``duration``, ``start``/``end`` stats). The first ``step()`` opens the first
     interval; it records nothing.
 
     Args:
@@ -84,19 +85,10 @@ class MemoryHook:
         self._marks: list[Mark] = []
         self._open = False
         self._started: float | None = None
-        try:
-            self._host_rss: Any = host_rss_reader(os.getpid())
-        except ImportError:  # neither /proc nor psutil: host RSS unknown
-            self._host_rss = None
 
     def host_rss(self) -> int | None:
-        """This process's resident host memory now (None where it cannot be read)."""
-        if self._host_rss is None:
-            return None
-        try:
-            return int(self._host_rss())
-        except (OSError, ValueError, IndexError):
-            return None
+        """This process's resident host memory now, in bytes (None where it cannot be read)."""
+        return host_memory.rss()
 
     def step(self) -> Tracked | None:
         """End of a training step. Returns the figures when this step recorded them.
@@ -136,7 +128,8 @@ class MemoryHook:
                 if end.device_total is None or end.device_free is None
                 else end.device_total - end.device_free,
                 device_total=end.device_total,
-                host_rss=self.host_rss(),
+                host_rss=end.host_rss,
+                host_peak=tracked.host_peak,
                 step=self.steps,
             )
         )
@@ -189,7 +182,7 @@ class MemoryHook:
         """Save the recording as CSV (see ``Recording.to_csv``).
 
         Args:
-            path: The file to write; its folder is created.
+            path: The file to write, in a folder that exists, named with the format's suffix.
 
         Returns:
             The path written.
@@ -200,7 +193,7 @@ class MemoryHook:
         """Save the recording as JSON (see ``Recording.to_json``); ``load_recording`` reads it back.
 
         Args:
-            path: The file to write; its folder is created.
+            path: The file to write, in a folder that exists, named with the format's suffix.
 
         Returns:
             The path written.
@@ -211,7 +204,7 @@ class MemoryHook:
         """Save the recording as a PNG timeline (see ``Recording.plot``).
 
         Args:
-            path: The file to write; its folder is created.
+            path: The file to write, in a folder that exists, named with the format's suffix.
             **kwargs: ``title``, ``figsize``, ``dpi``, as ``Recording.plot`` takes them.
 
         Returns:

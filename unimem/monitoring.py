@@ -44,7 +44,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from . import registry
+from . import ranks, registry
 from .config import check_device
 from .errors import BackendUnavailable, ConfigError, UnimemError
 from .memory_stats import MemoryStats
@@ -484,6 +484,7 @@ class Monitor:
             "backend": self.backend,
             "device": self.device,
             "pid": os.getpid(),
+            **ranks.metadata(),  # rank, local rank, world size, node and host when one of several
             "interval": self.interval,
             "framework_interval": self.framework_interval,
             "started": self._started,
@@ -506,7 +507,7 @@ class Monitor:
         """Save the recording as CSV (see ``Recording.to_csv``).
 
         Args:
-            path: The file to write; its folder is created.
+            path: The file to write, in a folder that exists, named with the format's suffix.
 
         Returns:
             The path written.
@@ -517,7 +518,7 @@ class Monitor:
         """Save the recording as JSON (see ``Recording.to_json``); ``load_recording`` reads it back.
 
         Args:
-            path: The file to write; its folder is created.
+            path: The file to write, in a folder that exists, named with the format's suffix.
 
         Returns:
             The path written.
@@ -528,7 +529,7 @@ class Monitor:
         """Save the recording as a PNG timeline (see ``Recording.plot``).
 
         Args:
-            path: The file to write; its folder is created.
+            path: The file to write, in a folder that exists, named with the format's suffix.
             **kwargs: ``title``, ``figsize``, ``dpi``, as ``Recording.plot`` takes them.
 
         Returns:
@@ -629,14 +630,19 @@ def monitor(
             ``backend`` is unknown, ``device`` is not an index of 0 or more,
             ``max_samples`` is under 100, or ``probe`` is not ``"module:factory"``.
 
+    A per-epoch peak needs no monitor per epoch: mark each epoch and ask the recording,
+    ``m.recording.peak_between("epoch 1", "epoch 2", field="host_rss")``.
+
     Example:
         ```python
         with unimem.monitor(0.01) as m:
             for epoch in range(3):
                 m.mark(f"epoch {epoch}")
                 train_one_epoch()
+            m.mark("done")
         m.to_json("memory.json")
         m.plot("memory.png")
+        print(m.recording.peak_between("epoch 1", "epoch 2", field="host_rss"))  # bytes
         ```
     """
     return Monitor(

@@ -28,6 +28,7 @@ FORMAT = "unimem.recording/1"
 SOURCE_FRAMEWORK = "framework"  # the framework's allocator counters, read in this process
 SOURCE_DEVICE = "device"  # NVML (device and this process) and host RSS, read by the sampler process
 SOURCE_STEP = "step"  # a training step boundary (MemoryHook, Keras callback)
+CSV_META_PREFIX = "# unimem.recording "  # the first line of a CSV: the recording's metadata as JSON
 
 
 class NoFigures(Exception):
@@ -40,7 +41,8 @@ class Sample:
     """One reading. ``time`` is Unix time; byte counts are int or None (unknown).
 
     ``peak`` is the highest ``allocated`` since the previous step sample (step
-    samples only); ``peak_exact`` is False when it is a lower bound (JAX).
+    samples only); ``peak_exact`` is False when it is a lower bound (JAX); ``host_peak``
+    is the same for the process's resident host memory.
     ``error`` is set when the reading failed: the sample is a gap in the data.
     Each source fills only the figures it reads; the others stay None.
 
@@ -57,7 +59,9 @@ class Sample:
         process_used (int | None): NVML's bytes for this process on the device.
         device_used (int | None): Bytes in use on the whole device.
         device_total (int | None): The device's total bytes.
-        host_rss (int | None): This process's resident host memory, in bytes.
+        host_rss (int | None): This process's resident host memory (resident set size), in bytes.
+        host_peak (int | None): Highest ``host_rss`` since the previous step sample, in bytes
+            (step samples only; a lower bound where the host's high-water mark cannot be reset).
         step (int | None): The step number (step samples only).
         error (str | None): Why the reading failed; None for a good reading.
     """
@@ -72,6 +76,7 @@ class Sample:
     device_used: int | None = None
     device_total: int | None = None
     host_rss: int | None = None
+    host_peak: int | None = None
     step: int | None = None
     error: str | None = None
 
@@ -94,7 +99,18 @@ class Mark:
 
 
 SAMPLE_FIELDS = [f.name for f in dataclasses.fields(Sample)]
-_INT_FIELDS = {"allocated", "reserved", "peak", "process_used", "device_used", "device_total", "host_rss", "step"}
+_MARK_FIGURES = ("allocated", "reserved")  # the figures a mark carries
+_INT_FIELDS = {
+    "allocated",
+    "reserved",
+    "peak",
+    "process_used",
+    "device_used",
+    "device_total",
+    "host_rss",
+    "host_peak",
+    "step",
+}
 
 
 def _primary(sample: Sample) -> int:
@@ -102,7 +118,8 @@ def _primary(sample: Sample) -> int:
     for value in (sample.peak, sample.allocated, sample.process_used, sample.reserved, sample.device_used):
         if value is not None:
             return value
-    return -1 if sample.host_rss is None else sample.host_rss
+    host = sample.host_peak if sample.host_peak is not None else sample.host_rss
+    return -1 if host is None else host
 
 
 def _keep(a: Sample, b: Sample) -> Sample:
@@ -244,20 +261,72 @@ class Recording:
         values = [v for v in self.series(name)[1] if v is not None]
         return max(values) if values else None
 
+    def peak_between(self, start: str, end: str | None = None, field: str = "allocated") -> int | None:
+        """Highest value of one figure between two marks: an epoch's peak from one monitor.
+
+        The window runs from the first mark labelled ``start`` to the first mark labelled
+        ``end`` after it, both included (to the recording's end when ``end`` is None). Samples
+        in it count, and marks in it for the figures a mark carries (``allocated``,
+        ``reserved``). A figure read at intervals (the monitor's) can miss a spike between two
+        readings; a step sample's ``peak`` and ``host_peak`` cover its whole step.
+
+        Args:
+            start: The label of the mark that opens the window (``"epoch 1"``).
+            end: The label of the mark that closes it; None (default): the recording's end.
+            field: A ``Sample`` field (default ``"allocated"``; ``"host_rss"`` for host memory).
+
+        Returns:
+            The highest known value in the window, in bytes; None if it was never known there.
+
+        Raises:
+            ConfigError: ``field`` is not a ``Sample`` field, no mark is labelled ``start``, or
+                none labelled ``end`` follows it (``exc.parameter`` names which); the message
+                lists the labels there are.
+
+        Example:
+            ```python
+            with unimem.monitor(0.01) as m:
+                for epoch in range(3):
+                    m.mark(f"epoch {epoch}")
+                    train_one_epoch()
+                m.mark("done")
+            m.recording.peak_between("epoch 1", "epoch 2", field="host_rss")
+            ```
+        """
+        if field not in SAMPLE_FIELDS:
+            raise ConfigError("field", f"unknown figure {field!r}; known: {', '.join(SAMPLE_FIELDS)}")
+        marks = sorted(self.marks, key=lambda m: m.time)
+        labels = ", ".join(repr(m.label) for m in marks) or "none"
+        opening = next((m for m in marks if m.label == start), None)
+        if opening is None:
+            raise ConfigError("start", f"no mark is labelled {start!r}; the marks are: {labels}")
+        closing = None
+        if end is not None:
+            closing = next((m for m in marks if m.label == end and m.time >= opening.time and m is not opening), None)
+            if closing is None:
+                raise ConfigError("end", f"no mark labelled {end!r} follows {start!r}; the marks are: {labels}")
+        last = closing.time if closing is not None else math.inf
+        values = [getattr(s, field) for s in self.samples if opening.time <= s.time <= last]
+        if field in _MARK_FIGURES:
+            values += [getattr(m, field) for m in marks if opening.time <= m.time <= last]
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
     # --- saving -----------------------------------------------------------------
     def to_json(self, path: str | os.PathLike[str]) -> Path:
         """Everything (samples, marks, meta) as JSON; ``load_recording`` reads it back.
 
         Args:
-            path: The file to write; its folder is created.
+            path: The file to write, in a folder that exists, named with the format's suffix.
 
         Returns:
             The path written.
 
         Raises:
-            ConfigError: ``path`` is not a file path, or is a directory.
+            ConfigError: ``path`` is not a file path, is a directory, lacks the format's suffix, or its
+                folder does not exist.
         """
-        target = _target(path)
+        target = _target(path, ".json")
         data = {
             "format": FORMAT,
             "meta": self.meta,
@@ -270,20 +339,21 @@ class Recording:
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
         """Samples and marks as one table (a mark is a row with ``source=mark`` and a ``label``).
 
-        Empty cells are unknown figures. The CSV keeps samples and marks; ``meta``
-        (cap, interval, notes) is kept only by ``to_json``.
+        Empty cells are unknown figures. The first line is a comment holding ``meta``
+        (backend, device, cap, interval, notes) as JSON, which ``load_recording`` reads back.
 
         Args:
-            path: The file to write; its folder is created.
+            path: The file to write, in a folder that exists, named with the format's suffix.
 
         Returns:
             The path written. Columns: ``time``, ``elapsed`` (seconds since the start),
             the ``Sample`` fields, ``label``; rows in time order.
 
         Raises:
-            ConfigError: ``path`` is not a file path, or is a directory.
+            ConfigError: ``path`` is not a file path, is a directory, lacks the format's suffix, or its
+                folder does not exist.
         """
-        target = _target(path)
+        target = _target(path, ".csv")
         columns = ["time", "elapsed", *SAMPLE_FIELDS[1:], "label"]
         start = self.start_time or 0.0
         rows: list[tuple[float, dict[str, str]]] = []
@@ -304,6 +374,9 @@ class Recording:
             rows.append((m.time, row))
         rows.sort(key=lambda pair: pair[0])
         with target.open("w", newline="", encoding="utf-8") as handle:
+            # The metadata (backend, device, cap, interval, notes) on a first comment line, so a
+            # recording read back from CSV still names its framework and draws its cap.
+            handle.write(f"{CSV_META_PREFIX}{json.dumps(self.meta, default=str)}\n")
             writer = csv.DictWriter(handle, fieldnames=columns)
             writer.writeheader()
             writer.writerows(row for _, row in rows)
@@ -324,7 +397,7 @@ class Recording:
         Uses matplotlib's Agg canvas directly: no pyplot, no global backend change.
 
         Args:
-            path: The PNG file to write; its folder is created.
+            path: The PNG file to write (``.png``), in a folder that exists.
             title: The plot's title; None (default): the backend and device.
             figsize: Width and height in inches (default ``(10.0, 5.0)``).
             dpi: Pixels per inch (default 100).
@@ -333,10 +406,11 @@ class Recording:
             The path written.
 
         Raises:
-            ConfigError: ``path`` is not a file path, or is a directory.
+            ConfigError: ``path`` is not a file path, is a directory, lacks the format's suffix, or its
+                folder does not exist.
             BackendUnavailable: matplotlib is not installed.
         """
-        target = _target(path)
+        target = _target(path, ".png")
         try:
             from matplotlib.backends.backend_agg import FigureCanvasAgg
             from matplotlib.figure import Figure
@@ -453,13 +527,18 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def _target(path: object) -> Path:
+def _target(path: object, suffix: str) -> Path:
+    """The file to write: its folder must exist (a typo must not create folders anywhere) and
+    its suffix must say what it holds (a PNG under a .json name misleads every reader)."""
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise ConfigError("path", f"expected a file path, got {path!r}")
     target = Path(path)
     if target.is_dir():
         raise ConfigError("path", f"{target} is a directory; pass a file name")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.suffix.lower() != suffix:
+        raise ConfigError("path", f"{target} would hold {suffix[1:].upper()}; name it with the {suffix} suffix")
+    if not target.parent.is_dir():
+        raise ConfigError("path", f"{target.parent} does not exist; create the folder first")
     return target
 
 
@@ -520,7 +599,13 @@ def _known(row: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
 def _load_csv(source: Path) -> Recording:
     samples: list[Sample] = []
     marks: list[Mark] = []
+    meta: dict[str, Any] = {}
     with source.open(newline="", encoding="utf-8") as handle:
+        first = handle.readline()
+        if first.startswith(CSV_META_PREFIX):
+            meta = json.loads(first[len(CSV_META_PREFIX) :])
+        else:
+            handle.seek(0)  # a CSV written without the metadata line
         reader = csv.DictReader(handle)
         missing = {"time", "source"} - set(reader.fieldnames or [])
         if missing:
@@ -537,7 +622,7 @@ def _load_csv(source: Path) -> Recording:
                 )
                 continue
             samples.append(Sample(**{name: _parse_cell(name, row.get(name, "")) for name in SAMPLE_FIELDS}))
-    return Recording(samples, marks, {})
+    return Recording(samples, marks, meta)
 
 
 def merge_samples(*streams: Iterable[Sample]) -> list[Sample]:

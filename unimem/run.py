@@ -10,16 +10,19 @@ and signals are the command's own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from .applied import Applied
 from .config import ENV_VARS
+from .errors import UnimemWarning
 
-__all__ = ["child_environment", "exec_command"]
+__all__ = ["child_environment", "exec_command", "one_line_warnings"]
 
 BOOTSTRAP = Path(__file__).resolve().parent / "_bootstrap"
 
@@ -47,10 +50,42 @@ def child_environment(settings: Mapping[str, Any], base: Mapping[str, str] | Non
     return env
 
 
+def one_line_warnings() -> None:
+    """Print each ``UnimemWarning`` as one line, ``unimem: <message>``; other warnings as before.
+
+    Python's default format shows the file and source line that called ``warnings.warn``:
+    under ``unimem run`` that is unimem's own code, which tells the user nothing. Installed
+    once per process (a second call changes nothing).
+    """
+    previous = warnings.showwarning
+    if getattr(previous, "unimem_one_line", False):
+        return
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        if not issubclass(category, UnimemWarning):
+            previous(message, category, filename, lineno, file, line)
+            return
+        stream = sys.stderr if file is None else file
+        # No stderr (pythonw) or a closed one: the warning is lost, as Python's own format does.
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            stream.write(f"unimem: {message}\n")
+
+    show.unimem_one_line = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+
+
 def exec_command(command: Sequence[str], settings: Mapping[str, Any], *, verbose: bool = False) -> None:
     """Configure this process, then replace it with ``command``. Returns only on failure."""
     import unimem
 
+    one_line_warnings()
     applied: Applied = unimem.configure(**{k: v for k, v in settings.items() if v is not None})
     if verbose:
         sys.stderr.write(f"unimem run: {' '.join(command)}\n{applied}\n")

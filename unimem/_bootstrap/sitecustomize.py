@@ -25,6 +25,11 @@ def _apply() -> None:
         return
     import warnings
 
+    from unimem.run import one_line_warnings
+
+    # unimem's warnings later in the command (a cap hook that fires at the framework's import)
+    # print as one line: the source line Python would show is unimem's own, not the script's.
+    one_line_warnings()
     with warnings.catch_warnings():
         # `unimem run` already printed these warnings when it applied the same settings.
         warnings.simplefilter("ignore", unimem.UnimemWarning)
