@@ -37,7 +37,16 @@ if TYPE_CHECKING:
     from unimem.live_objects import LiveMemory
     from unimem.loss_scaling import LossScaler, ScalerConfig
 
-__all__ = ["Backend", "Counters", "PrecisionHelpers", "Profiler", "Step", "env_step", "when_imported"]
+__all__ = [
+    "Backend",
+    "Counters",
+    "KeyValueStore",
+    "PrecisionHelpers",
+    "Profiler",
+    "Step",
+    "env_step",
+    "when_imported",
+]
 
 Counters = tuple[int | None, int | None]  # (allocated, reserved) as a monitor samples them
 
@@ -61,10 +70,28 @@ class Profiler(Protocol):
     def snapshot(self, path: Path, stem: str, running: bool) -> Path: ...
 
 
+class KeyValueStore(Protocol):
+    """The key-value store of a framework's initialised distributed runtime, as
+    ``unimem.cluster_stats`` gathers through it: every rank sets its key, then reads the others'
+    with a bounded wait, so a rank that never calls cannot hang the others.
+
+    Attributes:
+        rank (int): This process's rank in the runtime.
+        world_size (int): The runtime's process count.
+    """
+
+    rank: int
+    world_size: int
+
+    def set(self, key: str, value: str) -> None: ...
+    def get(self, key: str, timeout: float) -> str | None: ...  # None: not set within ``timeout`` seconds
+
+
 STATUS_APPLIED = "applied"  # took effect now
 STATUS_PENDING = "pending"  # set; takes effect when the framework starts
 STATUS_UNCHANGED = "unchanged"  # already so; nothing was done
-STATUS_SKIPPED = "skipped"  # not applied (strict=False, or nothing to act on); see note
+STATUS_SKIPPED = "skipped"  # not applied (strict=False, or the framework cannot); see note
+STATUS_NO_DEVICE = "no-device"  # the framework sees no GPU here: nothing to act on; see note
 
 
 @dataclass
@@ -84,7 +111,7 @@ class Step:
         run (Callable[[], None] | None): What makes the change; None when there is nothing
             to run.
         status (str): What it will be once run: ``"applied"`` (default), ``"pending"``,
-            ``"unchanged"`` or ``"skipped"``.
+            ``"unchanged"``, ``"no-device"`` (the framework sees no GPU here) or ``"skipped"``.
         too_late (str | None): Why it can no longer take effect, with the fix.
         unsupported (str | None): Why the framework can never do this, with an alternative.
         note (str): Anything else to know; shown in the ``Action``.
@@ -480,8 +507,52 @@ class Backend(ABC):
         """
         raise UnsupportedFeature(self.name, "precision", f"{self.name} runs no computation to set a precision for")
 
+    # --- memory savers ----------------------------------------------------------------
+    def remat(self, fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
+        """``fn`` wrapped so its backward pass recomputes (or fetches from the host) what it would keep.
+
+        Args:
+            fn: The block to wrap; called as the framework calls a function it differentiates.
+            policy: ``"full"``, ``"matmuls"`` or ``"offload"`` (``unimem.savers.POLICIES``),
+                already validated by the front.
+
+        Returns:
+            A callable with ``fn``'s signature and results.
+
+        Raises:
+            UnsupportedFeature: The framework cannot do ``policy`` (the default), with the
+                note of its ``remat.<policy>`` row.
+        """
+        feature = f"remat.{policy}"
+        raise UnsupportedFeature(self.name, feature, self._cannot(feature, f"{self.name} cannot recompute activations"))
+
+    def offload(self) -> contextlib.AbstractContextManager[None]:
+        """A context in which the tensors autograd saves for the backward pass are kept on the host.
+
+        Returns:
+            A context manager.
+
+        Raises:
+            UnsupportedFeature: The framework has no such context (the default); the message
+                names the nearest alternative.
+        """
+        # Where the row says supported, offload exists only as a policy: remat says how.
+        otherwise = f"{self.name} keeps saved activations on the host only through unimem.remat(fn, policy='offload')"
+        raise UnsupportedFeature(self.name, "offload", self._cannot("remat.offload", otherwise))
+
+    def _cannot(self, feature: str, otherwise: str) -> str:
+        """Why this backend cannot do ``feature``: its row's note when the row says unsupported, else ``otherwise``."""
+        support = self.CAPABILITIES.get(feature)
+        return support.note if support is not None and not support.supported else otherwise
+
     # --- batch-size search hooks ----------------------------------------------------
     release_every_trial: ClassVar[bool] = False  # give the cache back after every trial (cheap, and peaks start clean)
+    # After the answer is re-run, one call at ``start`` inside ``settle`` lets the pool shrink back
+    # (torch: state the step keeps sits in the answer's large segments until then).
+    settle_call: ClassVar[bool] = False
+    # The framework may trade compute for memory near its limit (XLA rematerializes), so a step's
+    # peak can stop growing with the batch there: peaks measured below it bound nothing above.
+    rematerializes: ClassVar[bool] = False
 
     def search_capacity(self, snapshot: MemoryStats) -> int | None:
         """Bytes a trial's measured peak may reach: the cap by default.
@@ -517,6 +588,17 @@ class Backend(ABC):
         """
         return contextlib.nullcontext()
 
+    def predict_peak(self, lowered: Any) -> int | None:
+        """The peak bytes a step will reach, read from its compiled form without running it.
+
+        Args:
+            lowered: What ``find_batch_size``'s ``lower(n)`` returned for one batch size.
+
+        Returns:
+            The bytes; None (the default) when this framework cannot size ``lowered``.
+        """
+        return None
+
     # Why bytes stay in use after a failed trial, as the search's note says it.
     kept_outputs_note: ClassVar[str] = (
         "something still references what the failed steps allocated (gradients set in a failed backward, "
@@ -533,6 +615,55 @@ class Backend(ABC):
 
         Returns:
             The note, or None (the default) when there is nothing to add.
+        """
+        return None
+
+    # --- many processes ----------------------------------------------------------------
+    def plan_pin(self, device: int | None, *, per_rank: bool, note: str) -> list[Step]:
+        """Steps that make CUDA device ``device`` this rank's own (``configure`` under a launcher).
+
+        Pure, like ``plan()``. A pin is automatic: it never refuses, so what cannot be done is
+        a ``"skipped"`` step with the reason in its note.
+
+        Args:
+            device: The device index among those the launcher made visible; None: there is
+                nothing to pin (the step only says so).
+            per_rank: Pin through ``CUDA_VISIBLE_DEVICES`` (the user passed ``devices="per-rank"``);
+                False: through the framework's own device call.
+            note: Why this device, for the step's note.
+
+        Returns:
+            By default: with ``per_rank``, a ``"devices"`` step setting ``CUDA_VISIBLE_DEVICES``
+            before the framework starts; else one ``"pin"`` step, skipped: this framework has
+            no device call unimem can make.
+        """
+        if device is None:
+            return [Step(self.name, "pin", None, "none", "(nothing to pin)", status=STATUS_UNCHANGED, note=note)]
+        if per_rank:
+            fix = "pass devices='per-rank' before the framework's first GPU operation, or restart the process"
+            step = devices_step(self.name, (device,), phase=self.phase(), when=When.BEFORE_INIT, fix=fix)
+            step.note = note
+            return [step]
+        return [
+            Step(
+                self.name,
+                "pin",
+                device,
+                "none",
+                "(no device call)",
+                status=STATUS_SKIPPED,
+                note=f"{note}; {self.name} has no device call unimem can make: pass devices='per-rank' "
+                "(CUDA_VISIBLE_DEVICES per rank) or select the device in the script",
+            )
+        ]
+
+    def distributed_store(self) -> KeyValueStore | None:
+        """The key-value store of this framework's distributed runtime, when the script has
+        initialised it; never initialises it.
+
+        Returns:
+            The store, with this process's rank and the world size; None (the default) when
+            the runtime is not initialised or the framework has none.
         """
         return None
 

@@ -66,13 +66,14 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                 raise
             return {"fits": False}
     t0 = time.perf_counter()
-    found = unimem.find_batch_size(step, start=spec["start"], backend="cupy")
+    found = unimem.find_batch_size(step, start=spec["start"], backend="cupy", return_trials=True)
     seconds = time.perf_counter() - t0
     trials = [{"size": t.batch_size, "fits": t.fits, "peak": t.peak, "reason": t.reason} for t in found.trials]
     return {
         "found": int(found),
         "step_calls": len(step.calls),
-        "failed_calls": sum(1 for t in (*found.trials, *found.confirmations) if not t.fits),
+        "reported_step_calls": found.step_calls,
+        "failed_calls": found.failed_calls,
         "trials": trials,
         "seconds": seconds,
         "notes": list(found.notes),

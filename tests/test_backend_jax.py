@@ -161,7 +161,7 @@ def test_limit_without_nvml_on_a_cpu_jax_is_skipped_with_a_note():
     with pytest.warns(unimem.UnimemWarning, match="limit"):
         applied = unimem.configure(backend="jax", limit="2GiB")
     [action] = applied.get("jax", "limit")
-    assert action.status == "skipped"
+    assert action.status == "no-device"
     assert action.value == 2 * 2**30
     assert "no CUDA plugin" in action.note
     assert dict(os.environ) == before

@@ -22,6 +22,9 @@ _LAZY: dict[str, str] = {
     "summary": "api",
     "Action": "applied",
     "Applied": "applied",
+    "BackendConfiguration": "in_force",
+    "Configuration": "in_force",
+    "configuration": "in_force",
     "BackendUnavailable": "errors",
     "ConfigError": "errors",
     "OutOfMemory": "errors",
@@ -30,6 +33,15 @@ _LAZY: dict[str, str] = {
     "UnimemWarning": "errors",
     "UnsupportedFeature": "errors",
     "available_backends": "registry",
+    "ClusterError": "cluster",
+    "ClusterStats": "cluster",
+    "cluster_stats": "cluster",
+    "RankInfo": "ranks",
+    "StrayMemory": "ranks",
+    "local_device": "ranks",
+    "rank_info": "ranks",
+    "rank_path": "ranks",
+    "stray_memory": "ranks",
     "format_bytes": "sizes",
     "parse_size": "sizes",
     "MemoryStats": "memory_stats",
@@ -52,6 +64,8 @@ _LAZY: dict[str, str] = {
     "fragmentation": "pool_fragmentation",
     "Policy": "precision",
     "mixed_precision": "precision",
+    "offload": "savers",
+    "remat": "savers",
     "Profile": "profiling",
     "profile": "profiling",
     "Mark": "recording",
@@ -68,6 +82,7 @@ if TYPE_CHECKING:
     from .api import capabilities, clear_cache, configure, configure_from_env, reset_peak, stats, summary
     from .applied import Action, Applied
     from .batch_size import BatchSizeSearch, Trial, find_batch_size
+    from .cluster import ClusterError, ClusterStats, cluster_stats
     from .errors import (
         BackendUnavailable,
         ConfigError,
@@ -78,6 +93,7 @@ if TYPE_CHECKING:
         UnsupportedFeature,
     )
     from .hook import MemoryHook
+    from .in_force import BackendConfiguration, Configuration, configuration
     from .loss_scaling import LossScaler
     from .memory_stats import MemoryStats
     from .monitoring import Monitor, monitor
@@ -86,8 +102,10 @@ if TYPE_CHECKING:
     from .pool_fragmentation import Fragmentation, fragmentation
     from .precision import Policy, mixed_precision
     from .profiling import Profile, profile
+    from .ranks import RankInfo, StrayMemory, local_device, rank_info, rank_path, stray_memory
     from .recording import Mark, Recording, Sample, load_recording
     from .registry import available_backends
+    from .savers import offload, remat
     from .sizes import format_bytes, parse_size
     from .support import Level, Phase, Support, When
     from .tracking import Tracked, track
@@ -113,9 +131,13 @@ __version__ = "0.1.0"
 __all__ = [
     "Action",
     "Applied",
+    "BackendConfiguration",
     "BackendUnavailable",
     "BatchSizeSearch",
+    "ClusterError",
+    "ClusterStats",
     "ConfigError",
+    "Configuration",
     "Fragmentation",
     "Level",
     "LossScaler",
@@ -128,8 +150,10 @@ __all__ = [
     "Phase",
     "Policy",
     "Profile",
+    "RankInfo",
     "Recording",
     "Sample",
+    "StrayMemory",
     "Suggestion",
     "Support",
     "TooLateError",
@@ -142,6 +166,8 @@ __all__ = [
     "available_backends",
     "capabilities",
     "clear_cache",
+    "cluster_stats",
+    "configuration",
     "configure",
     "configure_from_env",
     "find_batch_size",
@@ -149,13 +175,19 @@ __all__ = [
     "fragmentation",
     "is_oom",
     "load_recording",
+    "local_device",
     "mixed_precision",
     "monitor",
+    "offload",
     "oom_guard",
     "parse_size",
     "profile",
+    "rank_info",
+    "rank_path",
+    "remat",
     "reset_peak",
     "stats",
+    "stray_memory",
     "summary",
     "track",
 ]

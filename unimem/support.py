@@ -148,4 +148,7 @@ FEATURES: dict[str, str] = {
     "oom": "out-of-memory errors recognised (`is_oom`, `oom_guard`)",
     "fragmentation": "pool fragmentation (`unimem.fragmentation()`, OOM reports)",
     "batch_size": "largest batch that fits (`find_batch_size`)",
+    "remat.full": "recompute every activation in the backward pass (`remat(fn, 'full')`)",
+    "remat.matmuls": "keep only matmul outputs, recompute the rest (`remat(fn, 'matmuls')`)",
+    "remat.offload": "keep saved activations on the host (`remat(fn, 'offload')`, `offload()`)",
 }

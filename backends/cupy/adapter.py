@@ -154,6 +154,12 @@ class CupyBackend(Backend):
             note="free_all_blocks() between trials (cheap), so each peak starts from an empty pool; the cap "
             "bounds the pool's total bytes, so the pool's overhead at the peak (total - used) counts against it",
         ),
+        **{
+            feature: Support(
+                Level.UNSUPPORTED, note="CuPy has no automatic differentiation, so no activations to recompute"
+            )
+            for feature in ("remat.full", "remat.matmuls", "remat.offload")
+        },
     }
 
     def __init__(self) -> None:

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from unimem.backends.base import (
-    STATUS_SKIPPED,
+    STATUS_NO_DEVICE,
     Backend,
     Counters,
+    KeyValueStore,
     PrecisionHelpers,
     Profiler,
     Step,
@@ -154,20 +155,43 @@ class JaxBackend(Backend):
         ),
         "precision.loss_scaling": Support(
             Level.EMULATED,
-            "policy.loss_scaler() (a pytree: pass it into jax.jit and return it)",
+            "policy.loss_scaler() (a pytree: grads, finite, scaler = scaler.step(grads) inside jax.jit)",
             note="implemented in unimem with jax.numpy; no jmp/optax needed",
         ),
         "oom": Support(Level.NATIVE, "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED (memory messages only)"),
         "fragmentation": Support(Level.NATIVE, "Device.memory_stats()['largest_free_block_bytes'], pool_bytes"),
         "batch_size": Support(
             Level.EMULATED,
-            "unimem.find_batch_size: peak_bytes_in_use per trial, fitted against bytes_limit",
-            note="XLA cannot reset its peak: a trial smaller than an earlier one adds no point to the fit; "
-            "jax.clear_caches() once at the end drops the trials' compiled steps. Each failed trial costs "
-            "about 10 s (XLA's allocator waits for memory before it fails) and keeps the step's outputs in "
-            "use for good (XLA does not free a failed execution's output buffers; with donated inputs it "
-            "keeps none, but deletes those inputs): the search measures what stays, holds it against "
-            "the cap, reports it, and says to start a fresh process when the answer no longer fits beside it",
+            "unimem.find_batch_size: peak_bytes_in_use per trial, fitted against bytes_limit; with lower=, "
+            "each size's peak predicted from the compiled step (memory_analysis()) before it runs",
+            note="with lower=(n -> jax.jit(step).lower(...)) only sizes predicted under the capacity run; "
+            "the CPU figure is arguments + outputs + temporaries - aliased (XLA's own CPU peak leaves the "
+            "temporaries out). With growth on, the capacity is the cap less the pool's free bytes outside "
+            "its largest block. XLA cannot reset its peak: a trial smaller than an earlier one adds no "
+            "point to the fit; jax.clear_caches() once at the end drops the trials' compiled steps. Each "
+            "failed trial costs about 10 s (XLA's allocator waits for memory before it fails) and keeps "
+            "the step's outputs in use for good (XLA does not free a failed execution's output buffers; "
+            "with donated inputs it keeps none, but deletes those inputs): the search measures what stays, "
+            "holds it against the cap, reports it, and says to start a fresh process when the answer no "
+            "longer fits beside it",
+        ),
+        "remat.full": Support(
+            Level.NATIVE,
+            "jax.checkpoint(fn, policy=jax.checkpoint_policies.nothing_saveable)",
+            note="randomness replays by construction: jax.random takes explicit keys",
+        ),
+        "remat.matmuls": Support(
+            Level.NATIVE,
+            "jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_saveable)",
+            note="saves every dot's output, batched ones included; recomputes the rest",
+        ),
+        "remat.offload": Support(
+            Level.NATIVE,
+            "jax.checkpoint(fn, policy=offload_dot_with_no_batch_dims('device', 'pinned_host'))",
+            note="dots without batch dimensions go to pinned host memory, the rest is recomputed; a policy "
+            "only: unimem.offload() refuses (named activations: jax.checkpoint with "
+            "save_and_offload_only_these_names). The copies can raise the device peak or the step time "
+            "instead of saving: measure",
         ),
     }
 
@@ -229,7 +253,7 @@ class JaxBackend(Backend):
                             value,
                             "env",
                             var,
-                            status=STATUS_SKIPPED,
+                            status=STATUS_NO_DEVICE,
                             note="this JAX has no CUDA plugin: there is no GPU memory to cap",
                         )
                     ]
@@ -362,6 +386,7 @@ class JaxBackend(Backend):
 
     # --- batch-size search (search.py) -------------------------------------------------
     failed_step_keeps_outputs: ClassVar[bool] = True  # XLA never frees a failed execution's outputs
+    rematerializes: ClassVar[bool] = True  # XLA recomputes activations to stay under its limit
     kept_outputs_note: ClassVar[str] = (
         "XLA does not free a failed execution's output buffers, which stay in use until the process ends; "
         "this process now fits less than a fresh one"
@@ -372,6 +397,33 @@ class JaxBackend(Backend):
         from .search import explain_step_error
 
         return explain_step_error(exc, after_oom)
+
+    def predict_peak(self, lowered: Any) -> int | None:
+        from .search import predict_peak
+
+        return predict_peak(lowered)
+
+    def search_capacity(self, snapshot: MemoryStats) -> int | None:
+        from .search import capacity
+
+        return capacity(snapshot)
+
+    # --- many processes (distributed.py) ---------------------------------------------
+    def plan_pin(self, device: int | None, *, per_rank: bool, note: str) -> list[Step]:
+        from .distributed import LOCAL_IDS, plan_pin
+
+        if device is None:
+            return super().plan_pin(device, per_rank=per_rank, note=note)
+        if not per_rank:
+            return plan_pin(self, device, note)
+        # The rank then sees one device, 0: jax.distributed.initialize must not ask for SLURM_LOCALID's.
+        ids = env_step("jax", "devices", [device], LOCAL_IDS, "0", phase=self.phase(), when=When.BEFORE_INIT, fix=_FIX)
+        return [*super().plan_pin(device, per_rank=True, note=note), ids]
+
+    def distributed_store(self) -> KeyValueStore | None:
+        from .distributed import store
+
+        return store()
 
     # --- observation (observe.py) ----------------------------------------------------
     def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
@@ -391,6 +443,12 @@ class JaxBackend(Backend):
         from . import precision
 
         return precision
+
+    # --- memory savers (savers.py); offload is a policy only: the default offload() refuses ----
+    def remat(self, fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
+        from . import savers
+
+        return savers.remat(fn, policy)
 
     def start_device(self) -> str:
         from . import workloads

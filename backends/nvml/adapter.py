@@ -24,6 +24,8 @@ __all__ = ["NvmlBackend"]
 
 
 _NO_CONFIG = "NVML observes; it cannot change what a framework allocates"
+# Present wherever the NVIDIA driver is loaded (the kernel module; WSL's GPU device instead).
+_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
 
 
 class NvmlBackend(Backend):
@@ -71,6 +73,10 @@ class NvmlBackend(Backend):
         "oom": Support(Level.UNSUPPORTED, note="NVML runs no computation and raises no out-of-memory error"),
         "fragmentation": Support(Level.UNSUPPORTED, note="NVML sees device memory, not a framework's pool"),
         "batch_size": Support(Level.UNSUPPORTED, note="NVML runs no step"),
+        **{
+            feature: Support(Level.UNSUPPORTED, note="NVML observes memory and runs no computation")
+            for feature in ("remat.full", "remat.matmuls", "remat.offload")
+        },
     }
 
     def phase(self) -> Phase:
@@ -114,6 +120,19 @@ class NvmlBackend(Backend):
     def device_count(self) -> int | None:
         """NVML devices on the machine; None when NVML cannot be used."""
         return gate.device_count()
+
+    def gpu_count(self) -> tuple[int | None, str]:
+        """GPUs NVML counts on this host, and how that was found; None when NVML cannot tell.
+
+        On Linux with no NVIDIA driver loaded NVML cannot answer, so it is not imported to find
+        that out: ``configure`` asks this, and must not import NVML for nothing.
+        """
+        if sys.platform.startswith("linux") and not any(os.path.exists(path) for path in _DRIVER_PATHS):
+            return None, "NVML cannot count GPUs here: no NVIDIA driver is loaded (no /proc/driver/nvidia)"
+        count = gate.device_count()
+        if count is None:
+            return None, f"NVML cannot count GPUs here ({gate.nvml_status()})"
+        return count, f"NVML counts {count} GPU(s) on this host"
 
     def devices(self) -> list[dict[str, Any]]:
         """Index, name, UUID, driver, total and free bytes of every NVML device."""

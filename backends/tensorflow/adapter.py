@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from unimem.backends.base import (
+    STATUS_NO_DEVICE,
     STATUS_PENDING,
-    STATUS_SKIPPED,
     STATUS_UNCHANGED,
     Backend,
     Counters,
@@ -110,7 +110,7 @@ class TensorFlowBackend(Backend):
         ),
         "precision.loss_scaling": Support(
             Level.NATIVE,
-            "keras.optimizers.LossScaleOptimizer (policy.wrap_optimizer)",
+            "keras.optimizers.LossScaleOptimizer (scaler.wrap(optimizer), policy.wrap_optimizer)",
             note="policy.loss_scaler() for a tf.GradientTape loop (tf.Variable state, works in tf.function)",
         ),
         "oom": Support(Level.NATIVE, "tf.errors.ResourceExhaustedError (memory messages only)"),
@@ -118,7 +118,27 @@ class TensorFlowBackend(Backend):
         "batch_size": Support(
             Level.EMULATED,
             "unimem.find_batch_size: get_memory_info peak per trial, fitted against the memory_limit unimem set",
-            note="without a cap (or on the CPU) it doubles then bisects, or fits what measure= reports",
+            note="without a cap (or on the CPU) it doubles then bisects, or fits what measure= reports. No "
+            "prediction before running (lower= takes a peak in bytes only): each placement is a real trial",
+        ),
+        "remat.full": Support(
+            Level.EMULATED,
+            "tf.recompute_grad(fn) with Keras seed generators replayed",
+            note="tf.recompute_grad and keras.RematScope draw new dropout masks when recomputing; unimem "
+            "restores the seed generators of the Keras layers fn reaches (fn, its bound layer, layers in its "
+            "closure or globals) before the recomputation, and compares the recomputed output with the "
+            "forward's: a mismatch (tf.random.uniform, tf.nn.dropout without a seed) is an error in the "
+            "backward pass, never silently wrong gradients. Keeps each call's output until the backward pass",
+        ),
+        "remat.matmuls": Support(
+            Level.UNSUPPORTED,
+            note="TensorFlow has no per-op save policy (keras.RematScope chooses whole layers); "
+            "use remat(fn, 'full') on the block instead",
+        ),
+        "remat.offload": Support(
+            Level.UNSUPPORTED,
+            note="TensorFlow has no hook that moves saved activations to the host; use remat(fn, 'full') "
+            "to recompute them instead",
         ),
     }
 
@@ -183,7 +203,7 @@ class TensorFlowBackend(Backend):
             value,
             "api",
             target,
-            status=STATUS_SKIPPED,
+            status=STATUS_NO_DEVICE,
             note="TensorFlow sees no GPU here: nothing to configure",
         )
 
@@ -419,6 +439,10 @@ class TensorFlowBackend(Backend):
 
         return profiler()
 
+    # --- batch-size search ---------------------------------------------------------------
+    # Grappler's memory optimizer (and XLA under jit_compile) may recompute or swap to fit.
+    rematerializes: ClassVar[bool] = True
+
     # --- mixed precision and compare workloads (precision.py, workloads.py) ------------
     runs_workloads: ClassVar[bool] = True
     # Start-up chatter off in compare's workers: C++ info logs, and the oneDNN notice on the CPU.
@@ -428,6 +452,14 @@ class TensorFlowBackend(Backend):
         from . import precision
 
         return precision
+
+    # --- memory savers (savers.py): full only; offload() refuses by default -------------
+    def remat(self, fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
+        if policy != "full":
+            return super().remat(fn, policy)  # raises UnsupportedFeature with the row's note
+        from . import savers
+
+        return savers.remat(fn)
 
     def start_device(self) -> str:
         from . import workloads

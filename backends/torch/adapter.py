@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from unimem.backends.base import (
     STATUS_APPLIED,
+    STATUS_NO_DEVICE,
     STATUS_PENDING,
-    STATUS_SKIPPED,
     STATUS_UNCHANGED,
     Backend,
     Counters,
+    KeyValueStore,
     PrecisionHelpers,
     Profiler,
     Step,
@@ -144,9 +145,10 @@ class TorchBackend(Backend):
             note="CPU autocast takes fp16 only in recent torch: mixed_precision() refuses it where torch would not",
         ),
         "precision.loss_scaling": Support(
-            Level.EMULATED,
-            "(torch.amp.GradScaler semantics over a list of gradients)",
-            note="unscales in place with GradScaler's fused kernel; one host sync per step for `finite`",
+            Level.NATIVE,
+            "torch.amp.GradScaler (scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update())",
+            note="ShardedGradScaler when torch.distributed is initialised (the inf flag agreed across ranks); "
+            "scale/unscale(grads)/update(finite) also work, on the same GradScaler state",
         ),
         "oom": Support(
             Level.NATIVE,
@@ -165,7 +167,27 @@ class TorchBackend(Backend):
             "that fit; empty_cache() between trials so each peak starts from a clean pool. Near the cap a "
             "size that ran can fail after a later OOM (split segments): the answer is re-run, one size lower "
             "if needed, then one call at start with the cache emptied as its forward starts (the gradients "
-            "leave the large segments)",
+            "leave the large segments). No prediction before running (lower= takes a peak in bytes "
+            "only): each placement is a real trial, from a small one at start",
+        ),
+        "remat.full": Support(
+            Level.NATIVE,
+            "torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)",
+            note="keeps fn's inputs only; the RNG state is restored for the recomputation, so dropout replays",
+        ),
+        "remat.matmuls": Support(
+            Level.NATIVE,
+            "checkpoint(..., context_fn=create_selective_checkpoint_contexts(policy))",
+            note="saves the outputs of aten.mm, addmm, bmm, baddbmm and the scaled-dot-product attention "
+            "kernels; recomputes the rest (dropout replays)",
+        ),
+        "remat.offload": Support(
+            Level.NATIVE,
+            "torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())",
+            note="every tensor autograd saves in fn is copied to host memory and back for the backward "
+            "pass; nothing is recomputed; also as a context: unimem.offload(). A saved tensor still "
+            "referenced elsewhere stays on the device too, and one saved twice comes back twice: the device "
+            "peak can rise instead of fall; measure",
         ),
     }
 
@@ -175,6 +197,9 @@ class TorchBackend(Backend):
         self._at_init: dict[str, Any] = {}
         self._properties: dict[int, Any] = {}
         self._uuids: dict[int, str | None] = {}
+        # The rank's own device once pinned: caps and preallocation touch it alone, since a
+        # call on another device starts a CUDA context there.
+        self.pinned: int | None = None
 
     # --- phase ----------------------------------------------------------------
     def phase(self) -> Phase:
@@ -360,7 +385,7 @@ class TorchBackend(Backend):
                 value,
                 "api",
                 "torch.cuda.set_per_process_memory_fraction",
-                status=STATUS_SKIPPED,
+                status=STATUS_NO_DEVICE,
                 note="torch sees no CUDA device here: there is no GPU memory to cap",
             )
         if settings.limit is not None:
@@ -414,7 +439,7 @@ class TorchBackend(Backend):
                 False,
                 "api",
                 "torch.empty(allowance)",
-                status=STATUS_SKIPPED,
+                status=STATUS_NO_DEVICE,
                 note="torch sees no CUDA device here: nothing to preallocate",
             )
 
@@ -440,13 +465,15 @@ class TorchBackend(Backend):
         when_imported("torch", on_import, key="unimem.torch.at_init")
 
     def _on_cuda_init(self) -> None:
-        """Runs inside torch's lazy CUDA init, on every visible device."""
+        """Runs inside torch's lazy CUDA init: the pin first, then on every visible device (the pinned one alone)."""
         torch = sys.modules["torch"]
         with self._lock:
             pending = dict(self._at_init)
             self._at_init.clear()
+        if pending.get("pin") is not None:
+            torch.cuda.set_device(pending["pin"])
         cap: Settings | None = pending.get("cap")
-        for device in range(torch.cuda.device_count()):
+        for device in range(torch.cuda.device_count()) if self.pinned is None else [self.pinned]:
             if cap is not None:
                 total = torch.cuda.get_device_properties(device).total_memory
                 fraction = self._allowance_fraction(cap, total)
@@ -471,6 +498,26 @@ class TorchBackend(Backend):
             props = sys.modules["torch"].cuda.get_device_properties(device)
             self._properties[device] = props
         return props
+
+    # --- many processes (distributed.py) ---------------------------------------------
+    def plan_pin(self, device: int | None, *, per_rank: bool, note: str) -> list[Step]:
+        if device is None or per_rank:
+            return super().plan_pin(device, per_rank=per_rank, note=note)
+        from .distributed import plan_pin
+
+        return plan_pin(self, device, note)
+
+    def pin_at_init(self, device: int) -> None:
+        """Make ``device`` this process's own at CUDA init (before any tensor)."""
+        with self._lock:
+            self.pinned = device
+            self._at_init["pin"] = device
+        self._register_init_hook()
+
+    def distributed_store(self) -> KeyValueStore | None:
+        from .distributed import store
+
+        return store()
 
     # --- queries ------------------------------------------------------------------
     def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
@@ -602,6 +649,7 @@ class TorchBackend(Backend):
 
     # --- batch-size search (search.py) -------------------------------------------------
     release_every_trial: ClassVar[bool] = True  # empty the cache every trial: each peak starts from a clean pool
+    settle_call: ClassVar[bool] = True  # the gradients leave the answer's large segments (settle)
 
     def search_capacity(self, snapshot: MemoryStats) -> int | None:
         from .search import capacity
@@ -626,6 +674,17 @@ class TorchBackend(Backend):
         from . import precision
 
         return precision
+
+    # --- memory savers (savers.py) ------------------------------------------------------
+    def remat(self, fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
+        from . import savers
+
+        return savers.remat(fn, policy)
+
+    def offload(self) -> contextlib.AbstractContextManager[None]:
+        from . import savers
+
+        return savers.offload()
 
     def start_device(self) -> str:
         from . import workloads
