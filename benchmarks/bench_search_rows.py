@@ -279,9 +279,19 @@ def _ten_steps(step: Callable[[int], None], n: int | None) -> bool | None:
 def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
     import unimem
 
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"progress": True}  # a line per trial on stderr, kept on a timeout
+    lowered: list[list[Any]] = []
     if spec["framework"] == "jax":
-        kwargs["lower"] = work.lower
+        assert work.lower is not None
+        inner_lower = work.lower
+
+        def timed_lower(n: int) -> Any:
+            t0 = time.perf_counter()
+            out = inner_lower(n)
+            lowered.append([n, round(time.perf_counter() - t0, 3)])
+            return out
+
+        kwargs["lower"] = timed_lower
         if not spec["gpu"]:  # the CPU keeps no figures: hold the predictions against the simulated cap
             from unimem.backends.jax.search import predict_peak
 
@@ -304,6 +314,7 @@ def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
         "step_calls": len(calls),
         "failed_calls": sum(1 for _, ok, _ in calls if not ok),
         "compile_calls": result.compile_calls,
+        "lowered": lowered,  # [size, seconds to lower] per call of lower=; compiling is the search's
         "seconds": result.seconds,
         "same_process_ok": same,
         "ten_steps_seconds": time.perf_counter() - t0,

@@ -118,7 +118,8 @@ def run_child(script: str, spec: dict[str, Any], timeout: float, *, cpu_only: bo
         )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        return {"error": f"timed out after {timeout:.0f} s", "stdout": out}
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        return {"error": f"timed out after {timeout:.0f} s", "stdout": out, "stderr": err[-4000:]}
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(RESULT_MARK):
             result: dict[str, Any] = json.loads(line[len(RESULT_MARK) :])
