@@ -33,6 +33,8 @@ _LAZY: dict[str, str] = {
     "UnimemWarning": "errors",
     "UnsupportedFeature": "errors",
     "available_backends": "registry",
+    "AccumulationPlan": "accumulation",
+    "plan_accumulation": "accumulation",
     "ClusterError": "cluster",
     "ClusterStats": "cluster",
     "cluster_stats": "cluster",
@@ -79,6 +81,7 @@ _LAZY: dict[str, str] = {
 if TYPE_CHECKING:
     from typing import Any
 
+    from .accumulation import AccumulationPlan, plan_accumulation
     from .api import capabilities, clear_cache, configure, configure_from_env, reset_peak, stats, summary
     from .applied import Action, Applied
     from .batch_size import BatchSizeSearch, Trial, find_batch_size
@@ -129,6 +132,7 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccumulationPlan",
     "Action",
     "Applied",
     "BackendConfiguration",
@@ -181,6 +185,7 @@ __all__ = [
     "offload",
     "oom_guard",
     "parse_size",
+    "plan_accumulation",
     "profile",
     "rank_info",
     "rank_path",
