@@ -89,16 +89,27 @@ def _keep(a: Row, b: Row) -> Row:
     return a if key(a) >= key(b) else b
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unimem.monitor_sampler")
-    parser.add_argument("--interval", type=float, required=True)
-    parser.add_argument("--device", type=int, default=0)
-    parser.add_argument("--pid", type=int, required=True)
-    parser.add_argument("--uuid", default=None)
-    parser.add_argument("--capacity", type=int, default=20_000)
-    parser.add_argument("--probe", default="unimem.monitor_sampler:nvml_probe")
-    args = parser.parse_args(argv)
+class _Errors:
+    """Each distinct failed reading's message once, and how many readings failed."""
 
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self.index: dict[str, int] = {}
+        self.count = 0
+
+    def add(self, exc: Exception) -> int:
+        message = f"{type(exc).__name__}: {exc}"
+        if message not in self.index:
+            self.index[message] = len(self.messages)
+            self.messages.append(message)
+        self.count += 1
+        return self.index[message]
+
+
+def _readers(
+    args: argparse.Namespace,
+) -> tuple[Callable[[], Reading] | None, str, Callable[[], int | None] | None, str]:
+    """The device probe and the host reader, each with "ok" or why it is missing."""
     probe: Callable[[], Reading] | None = None
     try:
         probe = _load_probe(args.probe)(args.device, args.pid, args.uuid)
@@ -112,72 +123,76 @@ def main(argv: list[str] | None = None) -> int:
         host_status = "ok"
     except Exception as exc:
         host, host_status = None, f"host RSS unavailable: {exc or type(exc).__name__}"
+    return probe, probe_status, host, host_status
 
+
+def _sample(probe: Callable[[], Reading] | None, host: Callable[[], int | None] | None, errors: _Errors) -> Row:
+    """One row now: a failed device reading is a gap (its error's index), the next is tried as usual."""
+    now = time.time()  # the reading's time is when it started
+    total = used = process = rss = None
+    error = -1
+    if probe is not None:
+        try:
+            total, used, process = probe()
+        except Exception as exc:
+            error = errors.add(exc)
+    if host is not None:
+        try:
+            rss = host()
+        except (OSError, ValueError, IndexError):
+            rss = None  # the parent is gone; stdin closes next
+    return [now, total, used, process, rss, error]
+
+
+def _commands(buffer: bytes) -> tuple[list[str], bytes]:
+    """The whole command lines in ``buffer``, and what is left of it."""
+    lines = buffer.split(b"\n")
+    return [line.strip().decode() for line in lines[:-1]], lines[-1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m unimem.monitor_sampler")
+    parser.add_argument("--interval", type=float, required=True)
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--pid", type=int, required=True)
+    parser.add_argument("--uuid", default=None)
+    parser.add_argument("--capacity", type=int, default=20_000)
+    parser.add_argument("--probe", default="unimem.monitor_sampler:nvml_probe")
+    args = parser.parse_args(argv)
+    probe, probe_status, host, host_status = _readers(args)
     series = BoundedSeries(args.capacity, _keep)
-    errors: list[str] = []
-    error_index: dict[str, int] = {}
-    error_count = 0
+    errors = _Errors()
     stdin = sys.stdin.fileno()
     out = sys.stdout
 
     def reply(kind: str) -> None:
-        rows = series.items()
-        if kind == "last":
-            rows = rows[-1:]
-        payload = {"samples": rows, "errors": errors, "error_count": error_count, "stride": series.stride}
+        rows = series.items()[-1:] if kind == "last" else series.items()
+        payload = {"samples": rows, "errors": errors.messages, "error_count": errors.count, "stride": series.stride}
         out.write(json.dumps(payload, separators=(",", ":")) + "\n")
         out.flush()
 
     out.write(json.dumps({"ready": True, "probe": probe_status, "host": host_status}) + "\n")
     out.flush()
-
-    interval = args.interval
     buffer = b""
     next_time = time.monotonic()
     while True:
-        timeout = max(0.0, next_time - time.monotonic())
-        readable, _, _ = select.select([stdin], [], [], timeout)
+        readable, _, _ = select.select([stdin], [], [], max(0.0, next_time - time.monotonic()))
         if readable:
             chunk = os.read(stdin, 4096)
-            if not chunk:  # stdin closed: the parent stopped us or died
+            commands, buffer = _commands(buffer + chunk)
+            if not chunk or "stop" in commands:  # stdin closed (the parent stopped or died), or asked
+                for command in commands[: commands.index("stop")] if "stop" in commands else commands:
+                    reply("last" if command == "last" else "dump")
                 reply("dump")
                 return 0
-            buffer += chunk
-            stop = False
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                command = line.strip().decode()
-                if command == "stop":
-                    stop = True
-                    break
+            for command in commands:
                 reply("last" if command == "last" else "dump")
-            if stop:
-                reply("dump")
-                return 0
             continue
-        now = time.time()
-        total = used = process = rss = None
-        error = -1
-        if probe is not None:
-            try:
-                total, used, process = probe()
-            except Exception as exc:  # a failed reading is a gap; the next one is tried as usual
-                message = f"{type(exc).__name__}: {exc}"
-                if message not in error_index:
-                    error_index[message] = len(errors)
-                    errors.append(message)
-                error = error_index[message]
-                error_count += 1
-        if host is not None:
-            try:
-                rss = host()
-            except (OSError, ValueError, IndexError):
-                rss = None  # the parent is gone; stdin closes next
-        series.add([now, total, used, process, rss, error])
-        next_time += interval
+        series.add(_sample(probe, host, errors))
+        next_time += args.interval
         late = time.monotonic()
         if next_time < late:
-            next_time = late + interval  # fell behind (machine busy): skip, never burst
+            next_time = late + args.interval  # fell behind (machine busy): skip, never burst
 
 
 if __name__ == "__main__":
