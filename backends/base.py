@@ -545,6 +545,49 @@ class Backend(ABC):
         support = self.CAPABILITIES.get(feature)
         return support.note if support is not None and not support.supported else otherwise
 
+    # --- gradient accumulation (unimem.accumulate, accumulate_grads) ---------------------
+    def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
+        """A context in which backward passes through ``model`` keep their gradients local, for
+        ``unimem.accumulate`` to skip the synchronisation on all but the last micro-batch.
+
+        Args:
+            model: The module the script wrapped for data parallelism (or a plain one).
+
+        Returns:
+            A context manager.
+
+        Raises:
+            UnsupportedFeature: The framework has no such context (the default).
+        """
+        raise UnsupportedFeature(
+            self.name,
+            "accumulate",
+            self._cannot(
+                "accumulate",
+                f"{self.name} synchronises gradients where the script applies them: pass no model= to "
+                "unimem.accumulate, and sum the gradients with unimem.accumulate_grads",
+            ),
+        )
+
+    def add_gradients(self, total: Any, grads: Any, weight: float) -> Any:
+        """``total + weight * grads`` leaf by leaf (``total`` None: ``weight * grads``), for
+        ``unimem.accumulate_grads``; a None leaf stays None.
+
+        Args:
+            total: The running sum, or None.
+            grads: One micro-batch's gradients, in the framework's nesting.
+            weight: Their factor.
+
+        Returns:
+            The new sum.
+
+        Raises:
+            UnsupportedFeature: The framework has no gradients to add (the default).
+        """
+        raise UnsupportedFeature(
+            self.name, "accumulate", self._cannot("accumulate", f"{self.name} computes no gradients to accumulate")
+        )
+
     # --- batch-size search hooks ----------------------------------------------------
     release_every_trial: ClassVar[bool] = False  # give the cache back after every trial (cheap, and peaks start clean)
     # After the answer is re-run, one call at ``start`` inside ``settle`` lets the pool shrink back
@@ -596,6 +639,24 @@ class Backend(ABC):
 
         Returns:
             The bytes; None (the default) when this framework cannot size ``lowered``.
+        """
+        return None
+
+    def trial_context(self, model: Any) -> Callable[[], contextlib.AbstractContextManager[None]] | None:
+        """What each trial of ``find_batch_size(..., model=model)`` runs inside so that it makes no
+        collective of its own: under a distributed runtime one rank's out-of-memory error must not
+        leave the others waiting in a gradient all-reduce.
+
+        Args:
+            model: What the user passed as ``model=``.
+
+        Returns:
+            A callable returning a fresh context per trial; None (the default) when ``model`` is
+            not this framework's.
+
+        Raises:
+            ConfigError: ``model`` communicates inside its forward pass (sharded parameters),
+                so no context can keep a trial to one rank (``exc.parameter == "model"``).
         """
         return None
 

@@ -97,6 +97,37 @@ def run_json(code: str, env: dict[str, str | None] | None = None, timeout: float
 _FRAMEWORK_RUNS: dict[tuple[str, str], Any] = {}
 
 
+def gather_ranks(world: int, target: str, args: str, deadline: float = 90) -> str:
+    """Script lines that fork ``world`` processes running ``target(*args)`` (each puts one
+    result on ``queue``), collect the results within ``deadline`` seconds (a rank that dies
+    ends the wait early; one that hangs is killed) and ``emit`` them sorted by rank. Forked, so
+    the framework is imported once for all ranks."""
+    return textwrap.dedent(
+        f"""
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        ranks = [context.Process(target={target}, args=({args})) for rank in range({world})]
+        for process in ranks:
+            process.start()
+        results = []
+        try:
+            deadline = time.monotonic() + {deadline!r}
+            while len(results) < len(ranks) and time.monotonic() < deadline:
+                try:
+                    results.append(queue.get(timeout=0.5))
+                except Exception:  # queue.Empty: stop early once a rank has died without answering
+                    if any(p.exitcode not in (None, 0) for p in ranks):
+                        break
+        finally:
+            for process in ranks:
+                process.join(5)
+                if process.is_alive():
+                    process.kill()
+        emit(sorted(results, key=lambda r: r["rank"]))
+        """
+    )
+
+
 def run_framework_script(framework: str, prelude: dict[str, str], script: str, timeout: float = 240) -> Any:
     """``prelude[framework] + script`` (with ``FRAMEWORK`` replaced by the framework's name) run
     once per test session in a fresh interpreter, as ``run_json``; later calls reuse its result,

@@ -18,7 +18,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import REPO, RESULT_MARK, run_json, subprocess_env
+from conftest import REPO, RESULT_MARK, gather_ranks, run_json, subprocess_env
 
 import unimem
 from unimem.cluster import ClusterError, ClusterStats, RankStats
@@ -104,34 +104,18 @@ def rank_main(rank, port, queue):
     del held
 
 
-# torch is imported once and the ranks forked from here: four imports would cost more than the test.
-context = multiprocessing.get_context("fork")
-queue = context.Queue()
-ranks = [context.Process(target=rank_main, args=(rank, FREE_PORT, queue)) for rank in range(4)]
-for process in ranks:
-    process.start()
-results = []
-try:
-    deadline = time.monotonic() + 90
-    while len(results) < len(ranks) and time.monotonic() < deadline:
-        try:
-            results.append(queue.get(timeout=0.5))
-        except Exception:  # queue.Empty: stop early once a rank has died without answering
-            if any(p.exitcode not in (None, 0) for p in ranks):
-                break
-finally:
-    for process in ranks:
-        process.join(5)
-        if process.is_alive():
-            process.kill()
-emit(results)
 """
 
 
 @pytest.fixture(scope="module")
 def torch_run():
     """4 gloo ranks on 2 simulated nodes (one run, several tests read it)."""
-    results = run_json(_TORCH_RANKS.replace("FREE_PORT", repr(str(_free_port()))), timeout=150)
+    results = run_json(
+        (_TORCH_RANKS + gather_ranks(4, "rank_main", "rank, FREE_PORT, queue")).replace(
+            "FREE_PORT", repr(str(_free_port()))
+        ),
+        timeout=150,
+    )
     return {r["rank"]: r for r in results}
 
 

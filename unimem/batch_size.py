@@ -43,6 +43,14 @@ margin down where it still fits beside the failure's outputs, then splits of the
 range. Runs that fit calibrate the bytes beside the predictions; predictions the runs
 contradict are set aside, with a note, and the measured search goes on.
 
+Under a distributed runtime (several ranks: torch.distributed, jax.distributed) the search
+is a collective: every rank calls it, and each trial's outcome is agreed through the
+runtime's key-value store (the one ``cluster_stats`` gathers through), never through the
+step's own collectives. A size fits only where it fit on every rank, peaks and times are
+the largest over ranks, limits the smallest, so every rank takes the same next size and
+returns the same answer. A rank that does not answer within ``timeout`` is named in a
+``ClusterError``; a rank whose step raises tells the others, which stop at once.
+
 Memory: an out-of-memory error's traceback holds the failed step's frames, and their
 tensors (the leak of batch-size finders that retry inside the ``except``). A failed trial keeps only
 a line of text: its frames are cleared inside the ``except``, and collection and
@@ -57,10 +65,11 @@ import math
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from . import api, registry
+from .accumulation import AccumulationPlan, plan_accumulation
 from .errors import ConfigError, OutOfMemory, UnimemWarning
 from .memory_stats import MemoryStats
 from .oom import _message, clear_frames, find_oom
@@ -79,6 +88,7 @@ from .search_math import (
 )
 from .search_math import fit_linear as fit_linear  # re-exported: the fit's public helper
 from .search_progress import Progress, interrupted
+from .search_ranks import Outcome, Ranks, connect, known, worst
 from .search_scale import OVER, Scale
 from .sizes import format_bytes, parse_size
 
@@ -101,6 +111,10 @@ _COMPILES_PER_TRIAL = 2
 _COMPILES_PER_PLACEMENT = 6
 # The clock every trial is timed with (the simulated searches in the tests advance their own).
 _clock = time.perf_counter
+# Seconds each rank waits for the others at each agreement, from its own arrival: a trial can
+# take minutes on a slow rank (a first compilation), and a rank that never comes must not hang the job.
+DEFAULT_TIMEOUT = 600.0
+# Every rank numbers its searches alike, so search n's keys meet in the store.
 
 
 @dataclass(frozen=True)
@@ -154,6 +168,8 @@ class BatchSizeSearch:
     and ``confirmed`` whether it ran then (None when nothing failed after it ran).
     ``step_calls`` counts every call of ``step`` (trials and re-runs), ``failed_calls`` those
     that ran out of memory, ``compile_calls`` the sizes ``lower=`` compiled.
+    ``world_size`` counts the ranks that agreed on every trial (1: a single process);
+    ``plan`` is the gradient accumulation that meets ``target_global_batch=`` with the answer.
     ``int()`` of it is the answer; ``str()`` reads as a report of every trial.
 
     Attributes:
@@ -185,6 +201,11 @@ class BatchSizeSearch:
         compile_calls (int): With ``lower=``: the sizes compiled to predict their peaks.
         predictions (tuple[tuple[int, int], ...]): With ``lower=``: ``(size, predicted peak
             bytes)`` of every size compiled, by size.
+        world_size (int): The ranks that agreed on every trial (every figure above is theirs
+            combined: a size fit on all of them, peaks the largest); 1 in a single process.
+        plan (AccumulationPlan | None): With ``target_global_batch=``:
+            ``plan_accumulation(target_global_batch, batch_size, world_size)``, the micro-batches
+            each rank runs per optimizer step; None without it.
     """
 
     batch_size: int
@@ -206,6 +227,8 @@ class BatchSizeSearch:
     failed_calls: int = 0  # those that ran out of memory
     compile_calls: int = 0  # with lower=: the sizes compiled to predict their peaks
     predictions: tuple[tuple[int, int], ...] = ()  # with lower=: (size, predicted peak bytes), by size
+    world_size: int = 1  # ranks that agreed on every trial
+    plan: AccumulationPlan | None = None  # with target_global_batch=: the accumulation that meets it
 
     def __int__(self) -> int:
         return self.batch_size
@@ -237,6 +260,8 @@ class BatchSizeSearch:
             "failed_calls": self.failed_calls,
             "compile_calls": self.compile_calls,
             "predictions": [list(p) for p in self.predictions],
+            "world_size": self.world_size,
+            "plan": None if self.plan is None else dict(self.plan.__dict__),
         }
 
     def __str__(self) -> str:
@@ -246,6 +271,7 @@ class BatchSizeSearch:
             f"{self.step_calls} calls of the step, {self.failed_calls} failed{compiled}); "
             + (f"smallest failure {self.smallest_failure}" if self.smallest_failure else "no failure")
             + ("" if self.converged else "; NOT converged (max_trials ran out)")
+            + (f"; agreed by {self.world_size} ranks" if self.world_size > 1 else "")
         ]
         if self.model is not None:
             a, b = self.model
@@ -264,6 +290,12 @@ class BatchSizeSearch:
             )
         for t in self.confirmations:
             lines.append(f"  {t.batch_size:>8}  {'fits' if t.fits else 'OOM ':<4}  {t.reason:<11} {t.seconds:.3f} s")
+        if self.plan is not None:
+            plan = self.plan
+            lines.append(
+                f"  plan: global batch {plan.global_batch} = {plan.world_size} rank(s) x {plan.steps} micro-batch(es) "
+                f"of at most {plan.micro_batch} (rank 0: {', '.join(map(str, plan.sizes(0)))})"
+            )
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -283,6 +315,46 @@ class _Settings:
     confirm: bool = True
     lower: Callable[[int], Any] | None = None
     progress: bool | None = None
+    model: Any = None
+    target_global_batch: int | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    collective: bool | None = None
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What every rank of a collective search must pass alike (the device may differ)."""
+        return {
+            "start": self.start,
+            "backend": self.backend,
+            "max_size": self.max_size,
+            "margin": self.margin,
+            "measure": self.measure is not None,
+            "limit": self.limit,
+            "baseline": self.baseline,
+            "max_trials": self.max_trials,
+            "confirm": self.confirm,
+            "lower": self.lower is not None,
+            "model": self.model is not None,
+            "target_global_batch": self.target_global_batch,
+        }
+
+
+def _check_ranks(target_global_batch: object, timeout: object, collective: object) -> float:
+    """The arguments of a search over ranks; returns ``timeout`` as a float."""
+    if target_global_batch is not None and (
+        isinstance(target_global_batch, bool) or not isinstance(target_global_batch, int) or target_global_batch < 1
+    ):
+        raise ConfigError(
+            "target_global_batch",
+            f"expected None or the samples per optimizer step over all ranks (an int of 1 or more), "
+            f"got {target_global_batch!r}",
+        )
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+        raise ConfigError("timeout", f"expected the seconds to wait for the other ranks (above 0), got {timeout!r}")
+    if collective is not None and not isinstance(collective, bool):
+        raise ConfigError(
+            "collective", f"expected None (agree when ranks run), True (must agree) or False, got {collective!r}"
+        )
+    return float(timeout)
 
 
 def _check(
@@ -299,6 +371,10 @@ def _check(
     confirm: object = True,
     lower: object = None,
     progress: object = None,
+    model: object = None,
+    target_global_batch: object = None,
+    timeout: object = DEFAULT_TIMEOUT,
+    collective: object = None,
 ) -> _Settings:
     def whole(value: object) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
@@ -338,8 +414,11 @@ def _check(
         )
     if progress is not None and not isinstance(progress, bool):
         raise ConfigError("progress", f"expected None (on a terminal), True or False, got {progress!r}")
+    wait = _check_ranks(target_global_batch, timeout, collective)
     assert isinstance(device, int) and isinstance(max_trials, int)
     assert max_size is None or isinstance(max_size, int)
+    assert target_global_batch is None or isinstance(target_global_batch, int)
+    assert collective is None or isinstance(collective, bool)
     checked_measure: Callable[[], int | None] | None = measure
     checked_lower: Callable[[int], Any] | None = lower
     return _Settings(
@@ -356,6 +435,60 @@ def _check(
         confirm,
         checked_lower,
         progress,
+        model,
+        target_global_batch,
+        wait,
+        collective,
+    )
+
+
+# --- agreement over ranks (the transport: search_ranks.py) ------------------------------------
+
+
+def _agree_open(run: _Run) -> None:
+    """Before the first trial: the ranks passed the same arguments; the limit is the smallest
+    over ranks, the bytes in use before the search the largest (so one model holds on every rank)."""
+    assert run.ranks is not None
+    mine = run.settings.fingerprint()
+    payload = {"kind": "start", "size": 0, "settings": mine}  # the arguments are compared below, by name
+    payload.update(limit=run.limit, baseline=run.baseline, running_peak=run.running_peak)
+    answers = run.ranks.exchange(payload)
+    for rank, theirs in sorted(answers.items()):
+        for name, value in theirs["settings"].items():
+            if value != mine.get(name):
+                raise ConfigError(
+                    name,
+                    f"rank {rank} passed {name}={value!r} where rank {run.ranks.rank} passed {mine.get(name)!r}: "
+                    "every rank of a collective search must pass the same arguments",
+                )
+    every = list(answers.values())
+    run.limit = worst([p["limit"] for p in every], min)
+    run.baseline = worst([p["baseline"] for p in every])
+    run.running_peak = worst([p["running_peak"] for p in every])
+
+
+def _agree(run: _Run, kind: str, size: int, outcome: Outcome) -> Outcome:
+    """A call of the step as every rank saw it: it fit only where it fit on every rank, the figures
+    are the largest over ranks, the limit (read again after the call) the smallest."""
+    if run.ranks is None:
+        return outcome
+    answers = run.ranks.exchange({"kind": kind, "size": size, "limit": run.limit, **outcome.__dict__})
+    every = [p for _, p in sorted(answers.items())]
+    failed = [(rank, p["error"]) for rank, p in sorted(answers.items()) if p["error"] is not None]
+    error = None
+    if failed:
+        rank, text = failed[0]
+        more = f" (and rank(s) {', '.join(str(r) for r, _ in failed[1:])})" if len(failed) > 1 else ""
+        error = f"rank {rank}{more}: {text}"
+    run.limit = worst([p["limit"] for p in every], min)
+    fits = error is None
+    return Outcome(
+        error,
+        max(p["seconds"] for p in every),
+        worst([p["peak"] for p in every]) if fits else None,
+        worst([p["peak_reserved"] for p in every]) if fits else None,
+        known([p["kept"] for p in every]),
+        known([p["overhead"] for p in every]) if fits else None,
     )
 
 
@@ -399,6 +532,7 @@ class _Run:
     brackets: list[tuple[int, int]] = field(default_factory=list)  # (good, high) after each trial
     point_kept: dict[int, int] = field(default_factory=dict)  # kept_total when each point's size ran
     progress: Progress = field(default_factory=lambda: Progress(False))
+    ranks: Ranks | None = None  # the ranks every trial is agreed with; None: a single process
 
     @property
     def device(self) -> int:
@@ -443,9 +577,11 @@ def _measured_by(run: _Run) -> str:
     return "nothing (no framework in use, no measure=)"
 
 
-def _open(settings: _Settings) -> _Run:
-    """The search's state before its first trial: the framework, the limit, the baseline."""
-    run = _Run(settings, progress=Progress(settings.progress))
+def _open(settings: _Settings, over: Ranks | None = None) -> _Run:
+    """The search's state before its first trial: the framework, the limit, the baseline; over
+    ranks, agreed by all of them (progress lines on rank 0 only)."""
+    shown = settings.progress if over is None or over.rank == 0 else False
+    run = _Run(settings, progress=Progress(shown), ranks=over)
     run.use(_framework(settings))
     if settings.lower is not None:
         run.scale = Scale(_predictor(run), budget=_COMPILES_PER_TRIAL * settings.max_trials)
@@ -466,6 +602,8 @@ def _open(settings: _Settings) -> _Run:
         run.baseline = run.before.allocated
     if run.before is not None and settings.measure is None:
         run.running_peak = run.before.peak_allocated
+    if over is not None:
+        _agree_open(run)
     return run
 
 
@@ -506,9 +644,14 @@ def _predictor(run: _Run) -> Callable[[int], int | None]:
             value = _size_lowered(run, lower(size))
         except Exception as exc:
             if find_oom(exc) is None:
+                _tell_ranks(run.ranks, "compilation", size, exc)
                 raise
             clear_frames(exc)  # the lowering's frames may hold arrays of that size
             value = OVER
+        if run.ranks is not None:
+            # The largest over ranks, so every rank places the same sizes (None: one cannot size it).
+            answers = run.ranks.exchange({"kind": "compilation", "size": size, "predicted": value})
+            value = worst([p["predicted"] for p in answers.values()])
         run.progress.compiled(size, value, _clock() - t0)
         return value
 
@@ -562,12 +705,27 @@ def _step_error_note(adapter: Backend | None, exc: BaseException, after_oom: boo
     return None
 
 
+def _tell_ranks(over: Ranks | None, kind: str, size: int, exc: BaseException) -> None:
+    """Before this rank's own error propagates, post it as its answer to this round, so the
+    other ranks stop at once instead of waiting out their timeout."""
+    if over is not None:
+        text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        with contextlib.suppress(Exception):  # the store may have gone: this rank's own error matters more
+            over.post({"kind": kind, "size": size, "raised": text[:500]})
+
+
 def _attempt(
-    step: Callable[[int], Any], size: int, after_oom: bool, adapter: Backend | None
+    step: Callable[[int], Any],
+    size: int,
+    after_oom: bool,
+    adapter: Backend | None,
+    over: Ranks | None = None,
+    kind: str = "trial",
 ) -> tuple[str | None, BaseException | None]:
     """Run ``step(size)``. Returns ``(None, None)`` when it fit; on an out-of-memory
     error, its first line and, for a final report only, the error with its frames cleared.
-    ``after_oom``: an earlier trial failed, so a step that donates its state has lost it."""
+    ``after_oom``: an earlier trial failed, so a step that donates its state has lost it.
+    Over ranks, any other error is posted to them (``kind``: the round) before it propagates."""
     try:
         step(size)
     except Exception as exc:
@@ -576,6 +734,7 @@ def _attempt(
             note = _step_error_note(adapter, exc, after_oom)
             if note is not None and hasattr(exc, "add_note"):
                 exc.add_note(note)  # the framework's own message may name no cause
+            _tell_ranks(over, kind, size, exc)
             raise
         text = _message(oom).strip().splitlines()
         # The frames hold the failed step's tensors: drop their locals here, so that
@@ -599,18 +758,19 @@ def _release(run: _Run, *, failed: bool = False, final: bool = False) -> None:
             api.clear_cache(run.backend, run.device)
 
 
-def _read_peak(run: _Run, size: int) -> tuple[int | None, int | None]:
-    """The peak (and the pool's peak) of the trial that just fit; notes the pool's overhead."""
+def _read_peak(run: _Run) -> tuple[int | None, int | None, int | None]:
+    """The peak, the pool's peak and the pool's overhead of the trial that just fit (None: unknown)."""
     if run.settings.measure is not None:
         value = run.settings.measure()
-        return (None if value is None else int(value)), None
+        return (None if value is None else int(value)), None, None
     if run.backend is None or run.adapter is None:
-        return None, None
+        return None, None, None
     figures = api.stats(run.backend, run.device, nvml=False)
     peak, peak_reserved = figures.peak_allocated, figures.peak_reserved
-    if peak is not None and peak_reserved is not None and size > run.good:
-        run.overhead = run.adapter.pool_overhead(peak, peak_reserved)
-    return peak, peak_reserved
+    overhead = None
+    if peak is not None and peak_reserved is not None:
+        overhead = run.adapter.pool_overhead(peak, peak_reserved)
+    return peak, peak_reserved, overhead
 
 
 def _kept(run: _Run, in_use: int | None) -> int | None:
@@ -618,12 +778,7 @@ def _kept(run: _Run, in_use: int | None) -> int | None:
     if in_use is None or run.adapter is None:
         return None
     now = api.stats(run.backend, run.device, nvml=False).allocated
-    kept = None if now is None else max(0, now - in_use)
-    if run.adapter.failed_step_keeps_outputs:
-        # Lost for good. Elsewhere what stays is the step's own state (gradients a failed
-        # backward set), which the next step reuses.
-        run.kept_total += kept or 0
-    return kept
+    return None if now is None else max(0, now - in_use)
 
 
 def _record(run: _Run, size: int, fits: bool, peak: int | None) -> None:
@@ -667,16 +822,30 @@ def _trial(step: Callable[[int], Any], run: _Run, size: int, reason: str) -> Non
     kept_before = run.kept_total
     t0 = _clock()
     run.calls += 1
-    error, run.last_oom = _attempt(step, size, run.bad is not None, run.adapter)
+    error, run.last_oom = _attempt(step, size, run.bad is not None, run.adapter, run.ranks)
     seconds = _clock() - t0
-    run.failed_calls += error is not None
-    peak, peak_reserved = _read_peak(run, size) if error is None else (None, None)
+    peak, peak_reserved, overhead = _read_peak(run) if error is None else (None, None, None)
     _release(run, failed=error is not None)  # outside the except block: the frames are gone
     kept = _kept(run, in_use) if error is not None else None
+    if run.backend is None and run.settings.backend is None and not run.trials:
+        _adopt(run)
+    agreed = _agree(run, "trial", size, Outcome(error, seconds, peak, peak_reserved, kept, overhead))
+    error, seconds, peak, peak_reserved, kept = (
+        agreed.error,
+        agreed.seconds,
+        agreed.peak,
+        agreed.peak_reserved,
+        agreed.kept,
+    )
+    run.failed_calls += error is not None
+    if agreed.overhead is not None and size > run.good:
+        run.overhead = agreed.overhead  # the pool's overhead at the largest trial that fit
+    if error is not None and run.adapter is not None and run.adapter.failed_step_keeps_outputs:
+        # Lost for good. Elsewhere what stays is the step's own state (gradients a failed
+        # backward set), which the next step reuses.
+        run.kept_total += kept or 0
     run.trials.append(Trial(size, error is None, peak, seconds, reason, error, peak_reserved, kept, predicted))
     run.progress.call(size, error is None, peak, seconds, reason, run.calls, run.settings.max_trials)
-    if run.backend is None and run.settings.backend is None and len(run.trials) == 1:
-        _adopt(run)
     if run.scale is not None:
         run.scale.ran(size, error is None, kept_before, peak)
     run.point_kept[size] = kept_before
@@ -825,8 +994,10 @@ def _budget(run: _Run) -> int:
 
 
 def _nothing_fits(run: _Run) -> OutOfMemory:
-    """The error when batch size 1 failed, with the report of its out-of-memory error."""
-    assert run.last_oom is not None
+    """The error when batch size 1 failed, with the report of its out-of-memory error (on a rank
+    where it ran, naming the ranks where it did not)."""
+    if run.last_oom is None:
+        return OutOfMemory(f"even batch size 1 does not fit on every rank: {run.trials[-1].error}", None)
     oom = find_oom(run.last_oom) or run.last_oom
     from .oom_report import build_report
 
@@ -834,9 +1005,48 @@ def _nothing_fits(run: _Run) -> OutOfMemory:
     return OutOfMemory(f"even batch size 1 does not fit.\n{report}", report)
 
 
+def _quiet(step: Callable[[int], Any], model: Any) -> Callable[[int], Any]:
+    """``step`` run inside the context the model's framework gives each trial (``Backend.trial_context``),
+    in which the model makes no collective of its own."""
+    for name in registry.imported_frameworks():
+        enter = registry.get_backend(name).trial_context(model)
+        if enter is not None:
+
+            def quiet(size: int, enter: Callable[[], contextlib.AbstractContextManager[None]] = enter) -> Any:
+                with enter():
+                    return step(size)
+
+            return quiet
+    raise ConfigError(
+        "model",
+        f"expected the module the step trains (its data-parallel wrapper, of a framework in use), got "
+        f"{type(model).__name__}; or leave model=None and run the step's forward and backward without "
+        "gradient synchronisation yourself",
+    )
+
+
+def _aimed(settings: _Settings, over: Ranks | None) -> _Settings:
+    """With ``target_global_batch``: no size above the target's share per rank is tried (no
+    micro-batch of the plan would be larger). Checked against the world size before any trial."""
+    target = settings.target_global_batch
+    if target is None:
+        return settings
+    world = 1 if over is None else over.world_size
+    if target < world:
+        raise ConfigError(
+            "target_global_batch",
+            f"{world} ranks cannot share a global batch of {target}: pass at least the world size",
+        )
+    share = max(settings.start, math.ceil(target / world))
+    return replace(settings, max_size=share if settings.max_size is None else min(settings.max_size, share))
+
+
 def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
     began = time.perf_counter()
-    run = _open(settings)
+    if settings.model is not None:
+        step = _quiet(step, settings.model)
+    over = connect(settings.collective, settings.timeout)
+    run = _open(_aimed(settings, over), over)
     try:
         size, reason = _first(run), "start"
         while True:
@@ -885,6 +1095,8 @@ def _finish(step: Callable[[int], Any], run: _Run, converged: bool, began: float
     if not converged:
         notes.insert(0, spent)
     scale = run.scale
+    world = 1 if run.ranks is None else run.ranks.world_size
+    target = settings.target_global_batch
     return BatchSizeSearch(
         batch_size=answer,
         trials=tuple(run.trials),
@@ -905,6 +1117,8 @@ def _finish(step: Callable[[int], Any], run: _Run, converged: bool, began: float
         failed_calls=run.failed_calls,
         compile_calls=0 if scale is None else scale.compiles,
         predictions=() if scale is None else tuple(sorted(scale.memo.items())),
+        world_size=world,
+        plan=None if target is None else plan_accumulation(target, answer, world),
     )
 
 
@@ -963,12 +1177,14 @@ def _rerun(step: Callable[[int], Any], run: _Run, size: int, reason: str) -> Tri
     """One call of ``step`` after the search, released like a trial; its peak is no point of the fit."""
     t0 = _clock()
     run.calls += 1
-    error, _ = _attempt(step, size, True, run.adapter)
+    error, _ = _attempt(step, size, True, run.adapter, run.ranks, "re-run")
     seconds = _clock() - t0
-    run.failed_calls += error is not None
     if run.settings.measure is not None:
         run.settings.measure()  # drop this call's peak, so no later reading sees it
     _release(run, failed=error is not None)
+    agreed = _agree(run, "re-run", size, Outcome(error, seconds))
+    error, seconds = agreed.error, agreed.seconds
+    run.failed_calls += error is not None
     run.progress.call(size, error is None, None, seconds, reason, run.calls, run.settings.max_trials)
     return Trial(size, error is None, None, seconds, reason, error)
 
@@ -1027,6 +1243,10 @@ def find_batch_size(
     confirm: bool = ...,
     lower: Callable[[int], Any] | None = ...,
     progress: bool | None = ...,
+    model: Any = ...,
+    target_global_batch: int | None = ...,
+    timeout: float = ...,
+    collective: bool | None = ...,
 ) -> int: ...
 
 
@@ -1047,6 +1267,10 @@ def find_batch_size(
     confirm: bool = ...,
     lower: Callable[[int], Any] | None = ...,
     progress: bool | None = ...,
+    model: Any = ...,
+    target_global_batch: int | None = ...,
+    timeout: float = ...,
+    collective: bool | None = ...,
 ) -> BatchSizeSearch: ...
 
 
@@ -1067,6 +1291,10 @@ def find_batch_size(
     confirm: bool = ...,
     lower: Callable[[int], Any] | None = ...,
     progress: bool | None = ...,
+    model: Any = ...,
+    target_global_batch: int | None = ...,
+    timeout: float = ...,
+    collective: bool | None = ...,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
@@ -1086,6 +1314,10 @@ def find_batch_size(
     confirm: bool = True,
     lower: Callable[[int], Any] | None = None,
     progress: bool | None = None,
+    model: Any = None,
+    target_global_batch: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    collective: bool | None = None,
 ) -> int | BatchSizeSearch | Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The largest batch size for which ``step(batch_size)`` runs without running out of memory.
 
@@ -1103,6 +1335,19 @@ def find_batch_size(
     than runs, the search approaches from below. A step that donates its state
     (``donate_argnums``) loses it at the first failure: search with one that does not.
     ``lower=`` (below) lets it run only sizes predicted to fit.
+
+    Under a distributed runtime with several ranks (``torch.distributed`` initialised, or
+    ``jax.distributed``), the search is a collective: call it on every rank with the same
+    arguments. Each trial's outcome is agreed through the runtime's key-value store (never
+    through the step's own process group): a size fits only if it fit on every rank (one
+    rank's out-of-memory error is every rank's failure), peaks and times are the largest over
+    ranks and limits the smallest, so every rank tries the same sizes and returns the same
+    answer. The step must then make no collective of its own, or one rank's failure leaves
+    the others blocked in it: run the trial's forward and backward without gradient
+    synchronisation (DDP's ``no_sync()``; ``model=ddp_model`` does it for you), and no
+    all-reduce of the loss. A model whose forward itself communicates (FSDP, tensor-parallel
+    parameters) cannot be searched this way (``model=`` refuses it); for JAX the step must be
+    process-local (no computation spanning processes). Progress lines print on rank 0 only.
 
     Args:
         step: Runs one training step at the given batch size and lets the framework's
@@ -1143,10 +1388,31 @@ def find_batch_size(
             none to give: their search starts from a small real trial). See "What ``lower=``
             takes" below.
         progress: A line per call of ``step`` (and per compilation) on stderr: size, fit or
-            out of memory, peak, seconds. None (default): when stderr is a terminal.
+            out of memory, peak, seconds. None (default): when stderr is a terminal. Over ranks,
+            rank 0 alone prints (the outcome agreed by all).
+        model: The module ``step`` trains, for a search over ranks: each trial runs inside the
+            context its framework gives so that it makes no collective (torch: every
+            ``DistributedDataParallel`` in it under ``no_sync()``, with buffer broadcasting off).
+            A model that communicates inside its forward (FSDP, ``DTensor`` parameters) is a
+            ``ConfigError``. None (default): the step itself makes no collective.
+        target_global_batch: Samples per optimizer step over all ranks. The result's ``plan``
+            (``return_trials=True``; the int alone otherwise) is then
+            ``plan_accumulation(target_global_batch, answer, world_size)``: the micro-batches
+            each rank runs and accumulates. No size above ``ceil(target / world_size)`` is tried
+            (no micro-batch would be larger), so the answer is at most that. An int of at least
+            the world size; None (default): no plan.
+        timeout: Seconds each rank waits for the others at each agreement, from its own
+            arrival (default 600): a rank that does not answer by then is named in a
+            ``ClusterError`` on the ranks that did. Raise it when one trial can take longer.
+        collective: None (default): agree over ranks whenever a distributed runtime with
+            several ranks is initialised (with a warning when a launcher started several
+            but none is: each rank then searches alone). True: a ``ClusterError`` unless such a
+            runtime is initialised. False: this process searches alone (one rank searching
+            for all of them, say).
 
     Returns:
-        The answer (``int``); a ``BatchSizeSearch`` with ``return_trials=True``; a decorator
+        The answer (``int``), the same on every rank; a ``BatchSizeSearch`` with
+        ``return_trials=True`` (with ``plan`` under ``target_global_batch=``); a decorator
         without ``step``.
 
     Raises:
@@ -1155,6 +1421,10 @@ def find_batch_size(
             several frameworks in use with ``backend=None``: pass ``backend=``.
         OutOfMemory: Even batch size 1 does not fit (``exc.report`` explains it), or no size fit
             in ``max_trials`` trials: start lower or raise ``max_trials``.
+        ClusterError: Over ranks: a rank did not answer within ``timeout`` (the message names
+            it), another rank's step raised an error that is not out of memory (every rank
+            stops at once, naming it), or the ranks are not at the same point of the search.
+            Ranks that passed different arguments get a ``ConfigError`` naming the parameter.
         KeyboardInterrupt: Ctrl-C during the search, re-raised with the largest size that ran so
             far as ``exc.unimem_best_size`` (None when none ran) and, on Python 3.11+, a note
             saying so.
@@ -1166,6 +1436,14 @@ def find_batch_size(
     Example:
         ```python
         size = unimem.find_batch_size(lambda n: train_step(make_batch(n)), start=8, backend="torch")
+
+        # On every rank of a DDP job: the same answer everywhere, and the accumulation to 1024.
+        def trial(n):
+            ddp(make_batch(n)).sum().backward()  # runs under ddp.no_sync(): model=ddp
+            ddp.zero_grad(set_to_none=True)
+
+        found = unimem.find_batch_size(trial, start=8, model=ddp, target_global_batch=1024, return_trials=True)
+        for micro in found.plan.sizes(rank): ...
         ```
 
     What ``lower=`` takes: a callable of the batch size returning what the framework compiles
@@ -1196,6 +1474,10 @@ def find_batch_size(
         confirm,
         lower,
         progress,
+        model,
+        target_global_batch,
+        timeout,
+        collective,
     )
     if step is None:
         return _decorator(settings)

@@ -151,4 +151,5 @@ FEATURES: dict[str, str] = {
     "remat.full": "recompute every activation in the backward pass (`remat(fn, 'full')`)",
     "remat.matmuls": "keep only matmul outputs, recompute the rest (`remat(fn, 'matmuls')`)",
     "remat.offload": "keep saved activations on the host (`remat(fn, 'offload')`, `offload()`)",
+    "accumulate": "gradient accumulation to a global batch (`accumulate`, `accumulate_grads`)",
 }

@@ -160,6 +160,9 @@ class CupyBackend(Backend):
             )
             for feature in ("remat.full", "remat.matmuls", "remat.offload")
         },
+        "accumulate": Support(
+            Level.UNSUPPORTED, note="CuPy has no automatic differentiation, so no gradients to accumulate"
+        ),
     }
 
     def __init__(self) -> None:

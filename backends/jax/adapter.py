@@ -173,7 +173,14 @@ class JaxBackend(Backend):
             "the step's outputs in use for good (XLA does not free a failed execution's output buffers; "
             "with donated inputs it keeps none, but deletes those inputs): the search measures what stays, "
             "holds it against the cap, reports it, and says to start a fresh process when the answer no "
-            "longer fits beside it",
+            "longer fits beside it. Under jax.distributed (several processes) every trial is agreed through "
+            "the coordinator's key-value store, so every process returns the same answer; the step must be "
+            "process-local (a computation spanning processes cannot fail on one of them alone)",
+        ),
+        "accumulate": Support(
+            Level.EMULATED,
+            "unimem.accumulate_grads: jax.tree_util over the gradient pytrees",
+            note="no no_sync: a pmean or sharded update reduces where the script places it; works inside jax.jit",
         ),
         "remat.full": Support(
             Level.NATIVE,
@@ -449,6 +456,12 @@ class JaxBackend(Backend):
         from . import savers
 
         return savers.remat(fn, policy)
+
+    # --- gradient accumulation (accumulation.py) --------------------------------------
+    def add_gradients(self, total: Any, grads: Any, weight: float) -> Any:
+        from . import accumulation
+
+        return accumulation.add_gradients(total, grads, weight)
 
     def start_device(self) -> str:
         from . import workloads

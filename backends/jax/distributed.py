@@ -8,7 +8,9 @@ sees one GPU does not have. Ids the script passes to ``initialize`` still win.
 
 The gather reads the coordinator's key-value store (``jax._src.distributed.global_state``:
 jax 0.10 has no public handle on it) with a bounded wait, not ``process_allgather``: a
-collective that one process calls alone never returns.
+collective that one process calls alone never returns. ``find_batch_size`` agrees on its
+trials through the same store; its step must be process-local, since a computation that
+spans processes cannot fail on one of them alone.
 """
 
 from __future__ import annotations

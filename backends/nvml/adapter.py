@@ -75,7 +75,7 @@ class NvmlBackend(Backend):
         "batch_size": Support(Level.UNSUPPORTED, note="NVML runs no step"),
         **{
             feature: Support(Level.UNSUPPORTED, note="NVML observes memory and runs no computation")
-            for feature in ("remat.full", "remat.matmuls", "remat.offload")
+            for feature in ("remat.full", "remat.matmuls", "remat.offload", "accumulate")
         },
     }
 

@@ -121,6 +121,12 @@ class TensorFlowBackend(Backend):
             note="without a cap (or on the CPU) it doubles then bisects, or fits what measure= reports. No "
             "prediction before running (lower= takes a peak in bytes only): each placement is a real trial",
         ),
+        "accumulate": Support(
+            Level.EMULATED,
+            "unimem.accumulate_grads: tf.nest over the tape's gradients, applied once per optimizer step",
+            note="no no_sync: a tf.distribute strategy reduces where the script applies the gradients; "
+            "works inside tf.function",
+        ),
         "remat.full": Support(
             Level.EMULATED,
             "tf.recompute_grad(fn) with Keras seed generators replayed",
@@ -460,6 +466,12 @@ class TensorFlowBackend(Backend):
         from . import savers
 
         return savers.remat(fn)
+
+    # --- gradient accumulation (accumulation.py) --------------------------------------
+    def add_gradients(self, total: Any, grads: Any, weight: float) -> Any:
+        from . import accumulation
+
+        return accumulation.add_gradients(total, grads, weight)
 
     def start_device(self) -> str:
         from . import workloads

@@ -168,7 +168,17 @@ class TorchBackend(Backend):
             "size that ran can fail after a later OOM (split segments): the answer is re-run, one size lower "
             "if needed, then one call at start with the cache emptied as its forward starts (the gradients "
             "leave the large segments). No prediction before running (lower= takes a peak in bytes "
-            "only): each placement is a real trial, from a small one at start",
+            "only): each placement is a real trial, from a small one at start. Under torch.distributed "
+            "(world size > 1) every trial is agreed through the default group's c10d store: a size fits only if "
+            "it fit on every rank, so every rank returns the same answer; model=ddp runs each trial under "
+            "no_sync() with buffer broadcasting off; FSDP and DTensor models are refused (their forward "
+            "communicates)",
+        ),
+        "accumulate": Support(
+            Level.NATIVE,
+            "loss.backward() adds into .grad; DistributedDataParallel.no_sync() on all but the last micro-batch",
+            note="unimem.accumulate weighs each micro-batch's loss by its share of the global batch; "
+            "accumulate_grads adds gradient lists or dicts for loops that take them from torch.autograd.grad",
         ),
         "remat.full": Support(
             Level.NATIVE,
@@ -519,6 +529,11 @@ class TorchBackend(Backend):
 
         return store()
 
+    def trial_context(self, model: Any) -> Callable[[], contextlib.AbstractContextManager[None]] | None:
+        from .distributed import trial_context
+
+        return trial_context(model)
+
     # --- queries ------------------------------------------------------------------
     def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
         torch = sys.modules.get("torch")
@@ -680,6 +695,17 @@ class TorchBackend(Backend):
         from . import savers
 
         return savers.remat(fn, policy)
+
+    # --- gradient accumulation (accumulation.py) --------------------------------------
+    def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
+        from . import accumulation
+
+        return accumulation.no_sync(model)
+
+    def add_gradients(self, total: Any, grads: Any, weight: float) -> Any:
+        from . import accumulation
+
+        return accumulation.add_gradients(total, grads, weight)
 
     def offload(self) -> contextlib.AbstractContextManager[None]:
         from . import savers
