@@ -34,6 +34,9 @@ _LAZY: dict[str, str] = {
     "UnsupportedFeature": "errors",
     "available_backends": "registry",
     "AccumulationPlan": "accumulation",
+    "MicroBatch": "accumulation",
+    "accumulate": "accumulation",
+    "accumulate_grads": "accumulation",
     "plan_accumulation": "accumulation",
     "ClusterError": "cluster",
     "ClusterStats": "cluster",
@@ -81,7 +84,7 @@ _LAZY: dict[str, str] = {
 if TYPE_CHECKING:
     from typing import Any
 
-    from .accumulation import AccumulationPlan, plan_accumulation
+    from .accumulation import AccumulationPlan, MicroBatch, accumulate, accumulate_grads, plan_accumulation
     from .api import capabilities, clear_cache, configure, configure_from_env, reset_peak, stats, summary
     from .applied import Action, Applied
     from .batch_size import BatchSizeSearch, Trial, find_batch_size
@@ -148,6 +151,7 @@ __all__ = [
     "Mark",
     "MemoryHook",
     "MemoryStats",
+    "MicroBatch",
     "Monitor",
     "OOMReport",
     "OutOfMemory",
@@ -167,6 +171,8 @@ __all__ = [
     "UnimemWarning",
     "UnsupportedFeature",
     "When",
+    "accumulate",
+    "accumulate_grads",
     "available_backends",
     "capabilities",
     "clear_cache",
