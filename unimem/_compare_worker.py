@@ -14,14 +14,33 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import asdict, dataclass
 from typing import Any
+
+from unimem.workloads import Shapes
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},
     "growth": {"growth": True},
     "cap": {"fraction": 0.25},
     "bf16": {},
+    "remat": {},
+    "offload": {},
 }
+# Configurations that run every block of the workload under a memory saver (``unimem.remat``
+# policy); a framework that cannot do the policy reports the row unsupported.
+SAVERS: dict[str, str] = {"remat": "full", "offload": "offload"}
+
+
+@dataclass(frozen=True)
+class SavingShapes(Shapes):
+    """A workload's shapes and the ``unimem.remat`` policy each of its blocks runs under.
+
+    The adapters' ``workload_step`` reads ``saver`` (None: no saver) and builds the step with
+    ``unimem.compare.forward_in_blocks``.
+    """
+
+    saver: str | None = None
 
 
 def _rss() -> int | None:
@@ -44,6 +63,10 @@ def measure(framework: str, workload: str, config: str, size: str, steps: int) -
     from unimem.workloads import SIZES, build_step
 
     result: dict[str, Any] = {"framework": framework, "workload": workload, "config": config, "size": size}
+    shapes: Shapes = SIZES[size]
+    if config in SAVERS:
+        shapes = SavingShapes(**asdict(shapes), saver=SAVERS[config])
+        result["saver"] = SAVERS[config]
     applied = unimem.configure(backend=framework, strict=False, **CONFIGS[config])
     result["applied"] = [f"{a.setting}={a.value}: {a.status}" + (f" ({a.note})" if a.note else "") for a in applied]
     t0 = time.perf_counter()
@@ -55,9 +78,7 @@ def measure(framework: str, workload: str, config: str, size: str, steps: int) -
     result["start_host_rss"] = _rss()
     result["device_total"] = start.device_total
 
-    step, result["parameters"] = build_step(
-        framework, workload, SIZES[size], "bfloat16" if config == "bf16" else "float32"
-    )
+    step, result["parameters"] = build_step(framework, workload, shapes, "bfloat16" if config == "bf16" else "float32")
     process_peak = start.process_used
     times = []
     for i in range(steps + 2):
@@ -84,8 +105,20 @@ def measure(framework: str, workload: str, config: str, size: str, steps: int) -
 
 def main(argv: list[str]) -> int:
     framework, workload, config, size, steps = argv[0], argv[1], argv[2], argv[3], int(argv[4])
+    from unimem.errors import UnsupportedFeature
+
     try:
         result = measure(framework, workload, config, size, steps)
+    except UnsupportedFeature as exc:  # the framework cannot run this configuration: a row that says so
+        result = {
+            "framework": framework,
+            "workload": workload,
+            "config": config,
+            "size": size,
+            "ok": False,
+            "unsupported": True,
+            "error": str(exc).splitlines()[0][:300],
+        }
     except Exception as exc:  # a failed run is a row in the table, not a crash of the comparison
         result = {
             "framework": framework,

@@ -258,7 +258,13 @@ def matrix(check: bool, output: str | None) -> None:
     "--framework", "-f", "frameworks", multiple=True, help="Framework to include (repeatable); default: all installed."
 )
 @click.option("--workload", "-w", "workloads", multiple=True, help="mlp, transformer (repeatable); default: both.")
-@click.option("--config", "-c", "configs", multiple=True, help="default, growth, cap, bf16 (repeatable); default: all.")
+@click.option(
+    "--config",
+    "-c",
+    "configs",
+    multiple=True,
+    help="default, growth, cap, bf16, remat, offload (repeatable); default: all.",
+)
 @click.option("--size", default="small", show_default=True, type=click.Choice(["small", "large"]))
 @click.option("--steps", default=5, show_default=True, help="Timed steps per run (after 2 warm-up steps).")
 @click.option(
@@ -353,6 +359,8 @@ def print_comparison(console: Any, result: Comparison) -> None:
     console.print(table)
     for line in compare_module.failures(result):
         console.print(f"failed: {line}", markup=False)
+    for line in compare_module.unsupported(result):
+        console.print(f"unsupported: {line}", markup=False)
     if not result.has_gpu:
         console.print(
             "No GPU here: device figures (held at start, peaks, NVML process peak) are n/a; "
