@@ -392,3 +392,64 @@ def test_a_launcher_without_a_runtime_warns_that_each_rank_searches_alone(pyjson
     assert (
         len(out["warnings"]) == 1 and "rank 1 of 2" in out["warnings"][0] and "collective=False" in out["warnings"][0]
     )
+
+
+# --- end to end: search, plan, accumulate and the loss scaler under DDP ------------------------
+
+_END_TO_END = """
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+def rank_main(rank):
+    ddp = model_on(rank)
+
+    def step(n):
+        ddp(torch.randn(n, 8)).sum().backward()
+        ddp.zero_grad(set_to_none=True)
+
+    found = unimem.find_batch_size(step, start=2, margin=0.0, model=ddp, target_global_batch=100, max_trials=30,
+                                   return_trials=True, timeout=60, backend="torch")
+    plan = found.plan
+    reduced = []
+    current = [None]
+
+    def counting(state, bucket):
+        reduced.append(current[0])
+        return allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, counting)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(plan.global_batch, 8, generator=gen), torch.randn(plan.global_batch, 4, generator=gen)
+    share = plan.share(rank)
+    xs, ys = x[share], y[share]
+    sizes = []
+    for optimizer_step in range(2):
+        for mb in unimem.accumulate(plan, rank, model=ddp):
+            current[0] = (optimizer_step, mb.index)
+            sizes.append(mb.size)
+            loss = torch.nn.functional.mse_loss(ddp(xs[mb.slice]), ys[mb.slice]) * mb.weight
+            scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+    params = [p.detach().flatten().tolist() for p in ddp.parameters()]
+    return {"answer": found.batch_size, "plan": [plan.global_batch, plan.world_size, plan.steps, plan.micro_batch],
+            "sizes": sizes, "reduced": [list(r) for r in reduced], "scale": scaler.get_scale(), "params": params,
+            "share": [share.start, share.stop]}
+"""
+
+
+def test_search_plan_accumulation_and_scaler_together_under_ddp():
+    results = _fork_ranks([100, 37], _END_TO_END, deadline=120)
+    for rank in (0, 1):
+        r = results[rank]
+        assert r["answer"] == 37, "the smaller rank's largest, on every rank"
+        # 100 samples over 2 ranks at most 37 a micro-batch: 2 steps of 25 on each rank.
+        assert r["plan"] == [100, 2, 2, 25] and r["sizes"] == [25, 25, 25, 25]
+        # Gradients are all-reduced on each optimizer step's last micro-batch only.
+        assert r["reduced"] and {tuple(x) for x in r["reduced"]} == {(0, 1), (1, 1)}
+        assert r["scale"] == 2.0**8, "one scaler update per optimizer step (growth needs 2000 good steps)"
+    assert results[0]["share"] == [0, 50] and results[1]["share"] == [50, 100]
+    # DDP kept the replicas equal: every rank applied the same averaged gradient.
+    assert results[0]["params"] == results[1]["params"]
