@@ -73,6 +73,9 @@ _LAZY: dict[str, str] = {
     "remat": "savers",
     "Profile": "profiling",
     "profile": "profiling",
+    "RankLine": "plotting",
+    "RanksPlot": "plotting",
+    "plot_recordings": "plotting",
     "Mark": "recording",
     "Recording": "recording",
     "Sample": "recording",
@@ -105,6 +108,7 @@ if TYPE_CHECKING:
     from .monitoring import Monitor, monitor
     from .oom import is_oom, oom_guard
     from .oom_report import OOMReport, Suggestion
+    from .plotting import RankLine, RanksPlot, plot_recordings
     from .pool_fragmentation import Fragmentation, fragmentation
     from .precision import Policy, mixed_precision
     from .profiling import Profile, profile
@@ -159,6 +163,8 @@ __all__ = [
     "Policy",
     "Profile",
     "RankInfo",
+    "RankLine",
+    "RanksPlot",
     "Recording",
     "Sample",
     "StrayMemory",
@@ -192,6 +198,7 @@ __all__ = [
     "oom_guard",
     "parse_size",
     "plan_accumulation",
+    "plot_recordings",
     "profile",
     "rank_info",
     "rank_path",
