@@ -23,6 +23,12 @@
 #                                                     -> sharing-gpu.json
 #   compare               `unimem compare --size large --steps 3`; extra arguments go to it
 #                         (-f/-w/-c split it over calls)             -> compare/
+#   search-rows           every call of find_batch_size counted, on four models, against the
+#                         other searches; MODELS=... picks models    -> search-gpu-h200.json
+#   savers                GPT-2 small in torch and JAX under each memory saver; extra arguments
+#                         go to bench_savers.py                      -> savers-gpu-h200.json
+#   cupy-search           find_batch_size on a CuPy workload against fresh-process bisection
+#                                                                    -> cupy_search-gpu-h200.json
 #
 # Output files are named as in benchmarks/results/ (and evidence/gpu.json), so they are
 # copied over as they are; docs/measurements.md quotes them. unimem is installed from this
@@ -33,7 +39,7 @@
 #
 #   usage: bash tests/gpu/run_gpu.sh PART [ARGS...]
 set -uo pipefail
-PART=${1:?usage: run_gpu.sh suite|latency|search-tests|search-torch|search-jax|search-jax-baselines|oom-latency|jax-process-growth|monitor|precision|sharing|compare}
+PART=${1:?usage: run_gpu.sh suite|latency|search-tests|search-torch|search-jax|search-jax-baselines|oom-latency|jax-process-growth|monitor|precision|sharing|compare|search-rows|savers|cupy-search}
 shift
 OUT=${OUT:-/tmp/unimem-out}
 KNOWN_LARGEST=${KNOWN_LARGEST:-15617:16438}
@@ -113,6 +119,19 @@ case "$PART" in
     ;;
   compare)
     timeout 540 python3 -m unimem compare --size large --steps 3 --out "$WORK/compare" "$@" > "$WORK/compare.log" 2>&1
+    ;;
+  search-rows)
+    timeout 560 python3 "$BENCH/bench_search_rows.py" --out "$WORK/search-gpu-h200.json" --machine "$MACHINE" \
+      --models "${MODELS:-torch-mlp,torch-transformer,jax-mlp,jax-transformer}" --budget 500 "$@" \
+      > "$WORK/search-rows.log" 2>&1
+    ;;
+  savers)
+    timeout 560 python3 "$BENCH/bench_savers.py" --out "$WORK/savers-gpu-h200.json" --machine "$MACHINE" \
+      --budget 500 "$@" > "$WORK/savers.log" 2>&1
+    ;;
+  cupy-search)
+    timeout 300 python3 "$BENCH/bench_cupy_search.py" --out "$WORK/cupy_search-gpu-h200.json" --machine "$MACHINE" \
+      > "$WORK/cupy-search.log" 2>&1
     ;;
   *)
     echo "run_gpu.sh: unknown part '$PART'" >&2
