@@ -29,6 +29,9 @@
 #                         go to bench_savers.py                      -> savers-gpu-h200.json
 #   cupy-search           find_batch_size on a CuPy workload against fresh-process bisection
 #                                                                    -> cupy_search-gpu-h200.json
+#   jax-capacity          JAX with growth under 8 GiB: the pool after a warm-up, the largest single
+#                         buffer, predicted peaks and the largest step a fresh process runs
+#                                                                    -> jax_growth_capacity-gpu.json
 #
 # Output files are named as in benchmarks/results/ (and evidence/gpu.json), so they are
 # copied over as they are; docs/measurements.md quotes them. unimem is installed from this
@@ -39,7 +42,7 @@
 #
 #   usage: bash tests/gpu/run_gpu.sh PART [ARGS...]
 set -uo pipefail
-PART=${1:?usage: run_gpu.sh suite|latency|search-tests|search-torch|search-jax|search-jax-baselines|oom-latency|jax-process-growth|monitor|precision|sharing|compare|search-rows|savers|cupy-search}
+PART=${1:?usage: run_gpu.sh suite|latency|search-tests|search-torch|search-jax|search-jax-baselines|oom-latency|jax-process-growth|monitor|precision|sharing|compare|search-rows|savers|cupy-search|jax-capacity}
 shift
 OUT=${OUT:-/tmp/unimem-out}
 KNOWN_LARGEST=${KNOWN_LARGEST:-15617:16438}
@@ -132,6 +135,10 @@ case "$PART" in
   cupy-search)
     timeout 300 python3 "$BENCH/bench_cupy_search.py" --out "$WORK/cupy_search-gpu-h200.json" --machine "$MACHINE" \
       > "$WORK/cupy-search.log" 2>&1
+    ;;
+  jax-capacity)
+    timeout 500 python3 "$BENCH/scripts/jax_growth_capacity.py" --out "$WORK/jax_growth_capacity-gpu.json" \
+      --budget 420 > "$WORK/jax-capacity.log" 2>&1
     ;;
   *)
     echo "run_gpu.sh: unknown part '$PART'" >&2
