@@ -124,6 +124,7 @@ def test_every_rank_reads_its_node_and_local_rank(torch_run):
         assert result["info"] == [rank, 4, rank % 2, rank // 2, "torchrun"]
 
 
+@pytest.mark.covers("torch:ranks.cluster")
 def test_the_view_gathers_every_rank_under_the_right_rank(torch_run):
     for result in torch_run.values():  # every rank gets the whole view
         view = result["given"]
@@ -150,6 +151,7 @@ def test_measured_host_memory_differs_by_rank_as_allocated(torch_run):
     )
 
 
+@pytest.mark.covers("torch:ranks.cluster")
 def test_a_rank_asking_alone_returns_within_the_timeout(torch_run):
     alone = torch_run[0]["alone"]
     assert alone["missing"] == [1, 2, 3] and alone["seconds"] < 15
@@ -178,6 +180,7 @@ emit(out)
 """
 
 
+@pytest.mark.covers("jax:ranks.cluster")
 def test_jax_multiprocess_runtime_gathers_and_a_lone_rank_returns():
     port = str(_free_port())
     envs = [{"RANK_UNDER_TEST": str(rank), "PORT": port, "JAX_PLATFORMS": "cpu"} for rank in range(2)]

@@ -186,6 +186,7 @@ def _pins(result, setting="pin"):
     return [a for a in result["actions"] if a["setting"] == setting]
 
 
+@pytest.mark.covers("torch:ranks.pin")
 def test_torchrun_rank_is_pinned_by_the_framework_call_at_start(pyjson):
     result = _configure(pyjson, {**TORCHRUN, "CUDA_VISIBLE_DEVICES": "0,1"}, backend="torch", fraction=0.5)
     (pin,) = _pins(result)
@@ -200,6 +201,7 @@ def test_torchrun_rank_is_pinned_by_the_framework_call_at_start(pyjson):
     assert result["local_device"] == 1 and result["warnings"] == []
 
 
+@pytest.mark.covers("jax:ranks.pin")
 def test_jax_rank_is_pinned_through_its_visible_devices_flag(pyjson):
     result = _configure(pyjson, {**TORCHRUN, "CUDA_VISIBLE_DEVICES": "0,1"}, backend="jax")
     (pin,) = _pins(result)
@@ -384,6 +386,7 @@ _STAND_IN_TORCH = {
 }
 
 
+@pytest.mark.covers("torch:ranks.pin")
 def test_at_cuda_init_the_pin_comes_first_and_the_cap_touches_the_rank_gpu_alone(pyjson, tmp_path):
     """A stand-in torch records the calls made at CUDA init: set_device(rank's GPU) before anything,
     and the cap on that GPU only (a cap on another GPU would start a context there)."""
@@ -401,6 +404,7 @@ def test_at_cuda_init_the_pin_comes_first_and_the_cap_touches_the_rank_gpu_alone
     assert pyjson(code, env=env) == [["set_device", 1], ["fraction", 0.5, 1]]
 
 
+@pytest.mark.covers("jax:ranks.pin")
 def test_jax_sees_only_the_rank_gpu_once_imported(pyjson):
     code = (
         "import unimem\n"

@@ -115,6 +115,7 @@ def two_ranks():
     return _fork_ranks([100, 37], _BLIND)
 
 
+@pytest.mark.covers("torch:ranks.batch_size")
 def test_two_ranks_return_the_smaller_ranks_largest(two_ranks):
     searches = [two_ranks[rank]["search"] for rank in (0, 1)]
     assert [s["batch_size"] for s in searches] == [37, 37]  # margin=0: exactly rank 1's largest
@@ -158,6 +159,7 @@ def rank_main(rank):
 """
 
 
+@pytest.mark.covers("torch:ranks.batch_size")
 def test_four_ranks_agree_with_the_steps_own_no_sync():
     results = _fork_ranks([90, 60, 75, 41], _OWN_NO_SYNC, deadline=120)
     searches = [results[rank]["search"] for rank in range(4)]
@@ -230,6 +232,7 @@ def test_a_rank_whose_forward_raises_stops_every_rank_at_once():
     assert stopped["seconds"] < 30, "rank 0 stopped on rank 1's word, long before its 60 s timeout"
 
 
+@pytest.mark.covers("torch:ranks.batch_size")
 def test_an_out_of_memory_error_in_one_ranks_forward_leaves_no_rank_waiting():
     # Rank 1 fails inside forward at every size above 3 while rank 0 would go on to backward:
     # with buffers to broadcast and gradients to reduce, only the agreed no_sync trials keep them in step.
@@ -317,6 +320,7 @@ emit({"rank": rank, "search": found.as_dict()})
 """
 
 
+@pytest.mark.covers("jax:ranks.batch_size")
 def test_jax_processes_agree_through_the_coordinator():
     port = str(_free_port())
     envs = [{"RANK_UNDER_TEST": str(rank), "PORT": port, "JAX_PLATFORMS": "cpu"} for rank in range(2)]

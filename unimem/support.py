@@ -152,4 +152,7 @@ FEATURES: dict[str, str] = {
     "remat.matmuls": "keep only matmul outputs, recompute the rest (`remat(fn, 'matmuls')`)",
     "remat.offload": "keep saved activations on the host (`remat(fn, 'offload')`, `offload()`)",
     "accumulate": "gradient accumulation to a global batch (`accumulate`, `accumulate_grads`)",
+    "ranks.pin": "each rank pinned to its own GPU (`configure()` under a launcher)",
+    "ranks.cluster": "every rank's figures gathered (`cluster_stats()`)",
+    "ranks.batch_size": "one batch size agreed by every rank (`find_batch_size` under a distributed runtime)",
 }

@@ -163,6 +163,11 @@ class CupyBackend(Backend):
         "accumulate": Support(
             Level.UNSUPPORTED, note="CuPy has no automatic differentiation, so no gradients to accumulate"
         ),
+        "ranks.pin": Support(Level.UNSUPPORTED, note="no call unimem makes pins CuPy: use devices='per-rank'"),
+        "ranks.cluster": Support(
+            Level.UNSUPPORTED, note="CuPy has no distributed runtime: initialise torch or jax.distributed"
+        ),
+        "ranks.batch_size": Support(Level.UNSUPPORTED, note="CuPy has no distributed runtime to agree through"),
     }
 
     def __init__(self) -> None:

@@ -182,6 +182,17 @@ class JaxBackend(Backend):
             "unimem.accumulate_grads: jax.tree_util over the gradient pytrees",
             note="no no_sync: a pmean or sharded update reduces where the script places it; works inside jax.jit",
         ),
+        "ranks.pin": Support(
+            Level.NATIVE,
+            "jax_cuda_visible_devices at import; JAX_LOCAL_DEVICE_IDS for jax.distributed.initialize",
+            When.BEFORE_INIT,
+        ),
+        "ranks.cluster": Support(Level.EMULATED, "jax.distributed's coordinator key-value store"),
+        "ranks.batch_size": Support(
+            Level.EMULATED,
+            "each trial's outcome agreed through the coordinator's key-value store",
+            note="the step must be process-local: a computation over several processes cannot be detected",
+        ),
         "remat.full": Support(
             Level.NATIVE,
             "jax.checkpoint(fn, policy=jax.checkpoint_policies.nothing_saveable)",

@@ -73,9 +73,13 @@ class NvmlBackend(Backend):
         "oom": Support(Level.UNSUPPORTED, note="NVML runs no computation and raises no out-of-memory error"),
         "fragmentation": Support(Level.UNSUPPORTED, note="NVML sees device memory, not a framework's pool"),
         "batch_size": Support(Level.UNSUPPORTED, note="NVML runs no step"),
+        "ranks.pin": Support(Level.UNSUPPORTED, note="NVML observes every GPU and pins nothing"),
+        "ranks.cluster": Support(
+            Level.UNSUPPORTED, note="NVML has no distributed runtime: initialise torch or jax.distributed"
+        ),
         **{
             feature: Support(Level.UNSUPPORTED, note="NVML observes memory and runs no computation")
-            for feature in ("remat.full", "remat.matmuls", "remat.offload", "accumulate")
+            for feature in ("remat.full", "remat.matmuls", "remat.offload", "accumulate", "ranks.batch_size")
         },
     }
 

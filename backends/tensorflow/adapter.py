@@ -127,6 +127,16 @@ class TensorFlowBackend(Backend):
             note="no no_sync: a tf.distribute strategy reduces where the script applies the gradients; "
             "works inside tf.function",
         ),
+        "ranks.pin": Support(
+            Level.UNSUPPORTED,
+            note="no call unimem makes pins TensorFlow: use devices='per-rank' (CUDA_VISIBLE_DEVICES)",
+        ),
+        "ranks.cluster": Support(
+            Level.UNSUPPORTED, note="unimem reads no tf.distribute key-value store: initialise torch or jax.distributed"
+        ),
+        "ranks.batch_size": Support(
+            Level.UNSUPPORTED, note="no key-value store to agree through: each rank searches alone (collective=False)"
+        ),
         "remat.full": Support(
             Level.EMULATED,
             "tf.recompute_grad(fn) with Keras seed generators replayed",

@@ -180,6 +180,22 @@ class TorchBackend(Backend):
             note="unimem.accumulate weighs each micro-batch's loss by its share of the global batch; "
             "accumulate_grads adds gradient lists or dicts for loops that take them from torch.autograd.grad",
         ),
+        "ranks.pin": Support(
+            Level.NATIVE,
+            "torch.cuda.set_device(local rank) inside CUDA's lazy init",
+            When.BEFORE_INIT,
+            "a tensor made on 'cuda' before it starts a context on GPU 0 for the life of the rank",
+        ),
+        "ranks.cluster": Support(
+            Level.EMULATED,
+            "the initialised process group's c10d store (no NCCL, no new group)",
+            note="every rank must call it; one that asks alone returns after timeout= with the others missing",
+        ),
+        "ranks.batch_size": Support(
+            Level.EMULATED,
+            "each trial's outcome agreed through the c10d store; model= runs trials under DDP's no_sync()",
+            note="a model whose forward communicates (FSDP, DTensor parameters) is refused",
+        ),
         "remat.full": Support(
             Level.NATIVE,
             "torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)",
