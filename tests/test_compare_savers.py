@@ -20,8 +20,7 @@ import pytest
 import unimem
 from tests.conftest import required_frameworks, subprocess_env
 from unimem import compare as compare_module
-from unimem.compare import forward_in_blocks
-from unimem.workloads import SIZES, Shapes, forward, input_shape, parameter_shapes
+from unimem.workloads import SIZES, Shapes, forward, forward_in_blocks, input_shape, parameter_shapes
 
 
 class NumpyOps:

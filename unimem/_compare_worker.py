@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from typing import Any
 
 from unimem.workloads import Shapes
@@ -30,17 +30,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
 # Configurations that run every block of the workload under a memory saver (``unimem.remat``
 # policy); a framework that cannot do the policy reports the row unsupported.
 SAVERS: dict[str, str] = {"remat": "full", "offload": "offload"}
-
-
-@dataclass(frozen=True)
-class SavingShapes(Shapes):
-    """A workload's shapes and the ``unimem.remat`` policy each of its blocks runs under.
-
-    The adapters' ``workload_step`` reads ``saver`` (None: no saver) and builds the step with
-    ``unimem.compare.forward_in_blocks``.
-    """
-
-    saver: str | None = None
 
 
 def _rss() -> int | None:
@@ -65,7 +54,7 @@ def measure(framework: str, workload: str, config: str, size: str, steps: int) -
     result: dict[str, Any] = {"framework": framework, "workload": workload, "config": config, "size": size}
     shapes: Shapes = SIZES[size]
     if config in SAVERS:
-        shapes = SavingShapes(**asdict(shapes), saver=SAVERS[config])
+        shapes = replace(shapes, saver=SAVERS[config])
         result["saver"] = SAVERS[config]
     applied = unimem.configure(backend=framework, strict=False, **CONFIGS[config])
     result["applied"] = [f"{a.setting}={a.value}: {a.status}" + (f" ({a.note})" if a.note else "") for a in applied]

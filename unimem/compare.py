@@ -7,7 +7,7 @@ figures, and the host memory of the process (peak RSS) is reported instead.
 
 The configurations ``remat`` and ``offload`` run every block of the workload (an MLP layer;
 the transformer's attention and MLP halves) under ``unimem.remat`` with policy ``"full"`` or
-``"offload"`` (``forward_in_blocks``); a framework that cannot do the policy gives a row that
+``"offload"`` (``unimem.workloads.forward_in_blocks``); a framework that cannot do the policy gives a row that
 says unsupported, with the reason.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import platform
 import subprocess
@@ -28,9 +27,9 @@ from typing import Any
 from . import registry
 from ._compare_worker import CONFIGS, SAVERS
 from .errors import ConfigError
-from .workloads import SIZES, Shapes
+from .workloads import SIZES
 
-__all__ = ["CONFIGS", "SAVERS", "Comparison", "compare", "failures", "forward_in_blocks", "table_rows", "unsupported"]
+__all__ = ["CONFIGS", "SAVERS", "Comparison", "compare", "failures", "table_rows", "unsupported"]
 
 WORKLOADS = ("mlp", "transformer")
 SCHEMA_VERSION = 1
@@ -98,56 +97,6 @@ class Comparison:
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
-
-
-def forward_in_blocks(
-    ops: Any, workload: str, s: Shapes, params: dict[str, Any], x: Any, wrap: Callable[[Callable[..., Any]], Any]
-) -> Any:
-    """``unimem.workloads.forward``'s loss, each block computed through ``wrap(block)``.
-
-    The blocks: each MLP layer (matmul, bias, ReLU); the transformer's attention half and MLP
-    half, each with its residual. A block takes its input and its weights positionally, so
-    gradients flow to both through any saver (TensorFlow's ``recompute_grad`` differentiates
-    positional arguments only).
-
-    Args:
-        ops: The op table ``forward`` computes with.
-        workload: ``"mlp"`` or ``"transformer"``.
-        s: The workload's shapes.
-        params: The parameters, by the names of ``parameter_shapes``.
-        x: The input.
-        wrap: Takes a block and returns what to call in its place (``unimem.remat(block, policy)``;
-            the identity gives ``forward``'s loss exactly).
-
-    Returns:
-        The loss, as ``forward`` computes it.
-    """
-    if workload == "mlp":
-        h = x
-        layers = s.depth + 1
-        for i in range(layers):
-
-            def layer(h: Any, w: Any, b: Any, hidden: bool = i < layers - 1) -> Any:
-                out = ops.matmul(h, w) + b
-                return ops.relu(out) if hidden else out
-
-            h = wrap(layer)(h, params[f"w{i}"], params[f"b{i}"])
-        return ops.mean((h - x) ** 2)
-    heads = s.heads
-    head = s.width // heads
-
-    def attention(x: Any, wq: Any, wk: Any, wv: Any, wo: Any) -> Any:
-        h = ops.layer_norm(x)
-        q, k, v = (ops.split_heads(ops.matmul(h, w), heads, head) for w in (wq, wk, wv))
-        scores = ops.matmul(q, ops.transpose_last(k)) * (1.0 / math.sqrt(head))
-        return x + ops.matmul(ops.merge_heads(ops.matmul(ops.softmax(scores), v)), wo)
-
-    def mlp(x: Any, w1: Any, w2: Any) -> Any:
-        return x + ops.matmul(ops.gelu(ops.matmul(ops.layer_norm(x), w1)), w2)
-
-    x = wrap(attention)(x, params["wq"], params["wk"], params["wv"], params["wo"])
-    x = wrap(mlp)(x, params["w1"], params["w2"])
-    return ops.mean(x**2)
 
 
 def _machine(size: str, steps: int) -> dict[str, Any]:

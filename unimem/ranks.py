@@ -107,7 +107,7 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
 
 
 def _tasks_on_node(env: Mapping[str, str], node: int | None) -> int | None:
-    """Tasks on this node from SLURM's ``2(x3),1`` form (nodes 0-2 run 2 tasks, node 3 one)."""
+    """Tasks on this node from SLURM's ``2(x3),1`` form (nodes 0-2 hold 2 tasks each, node 3 one)."""
     per_node = _int(env, "SLURM_NTASKS_PER_NODE")
     if per_node is not None:
         return per_node

@@ -26,7 +26,9 @@ __all__ = [
     "Shapes",
     "build_step",
     "forward",
+    "forward_in_blocks",
     "input_shape",
+    "loss_function",
     "parameter_count",
     "parameter_shapes",
 ]
@@ -40,6 +42,7 @@ class Shapes:
     depth: int  # MLP hidden layers
     seq: int  # transformer sequence length
     heads: int  # transformer attention heads
+    saver: str | None = None  # every block under unimem.remat(block, saver); None: no saver
 
 
 SIZES: dict[str, Shapes] = {
@@ -72,6 +75,77 @@ def parameter_count(workload: str, s: Shapes) -> int:
 
 def input_shape(workload: str, s: Shapes) -> tuple[int, ...]:
     return (s.batch, s.width) if workload == "mlp" else (s.batch, s.seq, s.width)
+
+
+def loss_function(ops: Any, workload: str, s: Shapes, backend: str) -> Callable[[dict[str, Any], Any], Any]:
+    """``(params, x) -> loss`` for ``backend``: ``forward``, or, when ``s.saver`` names a policy
+    (the ``remat`` and ``offload`` configurations of ``unimem compare``), ``forward_in_blocks``
+    with every block under ``unimem.remat(block, s.saver)``.
+
+    Raises:
+        UnsupportedFeature: ``backend`` cannot do ``s.saver``; raised here, before anything runs.
+    """
+    policy = s.saver
+    if policy is None:
+        return lambda params, x: forward(ops, workload, s, params, x)
+    from .savers import remat
+
+    remat(lambda: None, policy, backend=backend)  # refuses a policy the backend cannot do, now
+
+    def wrap(block: Callable[..., Any]) -> Any:
+        return remat(block, policy, backend=backend)
+
+    return lambda params, x: forward_in_blocks(ops, workload, s, params, x, wrap)
+
+
+def forward_in_blocks(
+    ops: Any, workload: str, s: Shapes, params: dict[str, Any], x: Any, wrap: Callable[[Callable[..., Any]], Any]
+) -> Any:
+    """``unimem.workloads.forward``'s loss, each block computed through ``wrap(block)``.
+
+    The blocks: each MLP layer (matmul, bias, ReLU); the transformer's attention half and MLP
+    half, each with its residual. A block takes its input and its weights positionally, so
+    gradients flow to both through any saver (TensorFlow's ``recompute_grad`` differentiates
+    positional arguments only).
+
+    Args:
+        ops: The op table ``forward`` computes with.
+        workload: ``"mlp"`` or ``"transformer"``.
+        s: The workload's shapes.
+        params: The parameters, by the names of ``parameter_shapes``.
+        x: The input.
+        wrap: Takes a block and returns what to call in its place (``unimem.remat(block, policy)``;
+            the identity gives ``forward``'s loss exactly).
+
+    Returns:
+        The loss, as ``forward`` computes it.
+    """
+    if workload == "mlp":
+        h = x
+        layers = s.depth + 1
+        for i in range(layers):
+
+            def layer(h: Any, w: Any, b: Any, hidden: bool = i < layers - 1) -> Any:
+                out = ops.matmul(h, w) + b
+                return ops.relu(out) if hidden else out
+
+            h = wrap(layer)(h, params[f"w{i}"], params[f"b{i}"])
+        return ops.mean((h - x) ** 2)
+    heads = s.heads
+    head = s.width // heads
+
+    def attention(x: Any, wq: Any, wk: Any, wv: Any, wo: Any) -> Any:
+        h = ops.layer_norm(x)
+        q, k, v = (ops.split_heads(ops.matmul(h, w), heads, head) for w in (wq, wk, wv))
+        scores = ops.matmul(q, ops.transpose_last(k)) * (1.0 / math.sqrt(head))
+        return x + ops.matmul(ops.merge_heads(ops.matmul(ops.softmax(scores), v)), wo)
+
+    def mlp(x: Any, w1: Any, w2: Any) -> Any:
+        return x + ops.matmul(ops.gelu(ops.matmul(ops.layer_norm(x), w1)), w2)
+
+    x = wrap(attention)(x, params["wq"], params["wk"], params["wv"], params["wo"])
+    x = wrap(mlp)(x, params["w1"], params["w2"])
+    return ops.mean(x**2)
 
 
 def forward(ops: Any, workload: str, s: Shapes, params: dict[str, Any], x: Any) -> Any:

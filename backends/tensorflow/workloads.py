@@ -9,27 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from unimem.compare import forward_in_blocks
-from unimem.savers import remat
-from unimem.workloads import LEARNING_RATE, Shapes, forward, input_shape, parameter_count, parameter_shapes
+from unimem.workloads import LEARNING_RATE, Shapes, input_shape, loss_function, parameter_count, parameter_shapes
 
-__all__ = ["build", "loss_function", "start_device"]
-
-
-def loss_function(ops: Any, workload: str, s: Shapes) -> Callable[[dict[str, Any], Any], Any]:
-    """``(params, x) -> loss``: ``forward``, or, when ``s`` names a saver (``s.saver``, set by the
-    ``remat`` and ``offload`` configurations), ``forward_in_blocks`` with every block under
-    ``unimem.remat(block, s.saver)``. A policy tensorflow cannot do raises ``UnsupportedFeature`` here,
-    before anything runs."""
-    policy = getattr(s, "saver", None)
-    if policy is None:
-        return lambda params, x: forward(ops, workload, s, params, x)
-    remat(lambda: None, policy, backend="tensorflow")  # refuses a policy tensorflow cannot do, now
-
-    def wrap(block: Callable[..., Any]) -> Any:
-        return remat(block, policy, backend="tensorflow")
-
-    return lambda params, x: forward_in_blocks(ops, workload, s, params, x, wrap)
+__all__ = ["build", "start_device"]
 
 
 def start_device() -> str:
@@ -84,7 +66,7 @@ def build(workload: str, s: Shapes, dtype: str) -> tuple[Callable[[], None], int
     tf.random.set_seed(0)
     params = {n: tf.Variable(tf.cast(tf.random.normal(shape) * 0.02, dt), name=n) for n, shape in shapes.items()}
     x = tf.cast(tf.random.normal(input_shape(workload, s)), dt)
-    loss_of = loss_function(_ops(s), workload, s)
+    loss_of = loss_function(_ops(s), workload, s, "tensorflow")
     names = list(params)
 
     @tf.function(jit_compile=False)

@@ -9,27 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from unimem.compare import forward_in_blocks
-from unimem.savers import remat
-from unimem.workloads import LEARNING_RATE, Shapes, forward, input_shape, parameter_count, parameter_shapes
+from unimem.workloads import LEARNING_RATE, Shapes, input_shape, loss_function, parameter_count, parameter_shapes
 
-__all__ = ["build", "loss_function", "start_device"]
-
-
-def loss_function(ops: Any, workload: str, s: Shapes) -> Callable[[dict[str, Any], Any], Any]:
-    """``(params, x) -> loss``: ``forward``, or, when ``s`` names a saver (``s.saver``, set by the
-    ``remat`` and ``offload`` configurations), ``forward_in_blocks`` with every block under
-    ``unimem.remat(block, s.saver)``. A policy torch cannot do raises ``UnsupportedFeature`` here,
-    before anything runs."""
-    policy = getattr(s, "saver", None)
-    if policy is None:
-        return lambda params, x: forward(ops, workload, s, params, x)
-    remat(lambda: None, policy, backend="torch")  # refuses a policy torch cannot do, now
-
-    def wrap(block: Callable[..., Any]) -> Any:
-        return remat(block, policy, backend="torch")
-
-    return lambda params, x: forward_in_blocks(ops, workload, s, params, x, wrap)
+__all__ = ["build", "start_device"]
 
 
 def start_device() -> str:
@@ -90,7 +72,7 @@ def build(workload: str, s: Shapes, dtype: str) -> tuple[Callable[[], None], int
         for n, shape in shapes.items()
     }
     x = torch.randn(input_shape(workload, s), generator=gen).to(device=device, dtype=dt)
-    loss_of = loss_function(_ops(), workload, s)
+    loss_of = loss_function(_ops(), workload, s, "torch")
 
     def step() -> None:
         loss = loss_of(params, x)
