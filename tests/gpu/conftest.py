@@ -175,6 +175,28 @@ def run_scenario(name: str, env: dict[str, str] | None = None, timeout: float = 
     )
 
 
+@pytest.fixture(scope="session")
+def run_code() -> Callable[..., dict[str, Any]]:
+    """``run_code(code, mark, *argv, timeout=240)``: run ``code`` in a fresh interpreter with no
+    setting steered from the environment; return the JSON it printed after ``mark``."""
+
+    def _run(code: str, mark: str, *argv: str, timeout: float = 240) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=_scenario_env(None),
+        )
+        for line in reversed(done.stdout.splitlines()):
+            if line.startswith(mark):
+                result: dict[str, Any] = json.loads(line[len(mark) :])
+                return result
+        raise AssertionError(f"reported nothing (exit {done.returncode}), {argv};\n{done.stderr[-3000:]}")
+
+    return _run
+
+
 @pytest.fixture
 def scenario(record: Callable[..., None]) -> Callable[..., dict[str, Any]]:
     """``scenario(name, env=None, prefix="", **kwargs)``: run it, record its figures, return them.

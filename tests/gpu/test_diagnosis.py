@@ -5,11 +5,7 @@ pytest process imports no framework.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 import textwrap
 from typing import Any
 
@@ -20,7 +16,6 @@ pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 GiB = 1 << 30
 MARK = "UNIMEM_DIAGNOSIS_RESULT "
-_STEERING = ("UNIMEM_", "XLA_PYTHON_CLIENT_", "XLA_CLIENT_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 _PRELUDE = f"""
 import json, sys
@@ -176,26 +171,15 @@ emit()
 """
 
 
-def _run(code: str, timeout: float = 240) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_STEERING) and k != "CUDA_VISIBLE_DEVICES"}
-    env["PYTHONUNBUFFERED"] = "1"
-    done = subprocess.run(
-        [sys.executable, "-c", _PRELUDE + textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(MARK):
-            result: dict[str, Any] = json.loads(line[len(MARK) :])
-            return result
-    raise AssertionError(f"scenario reported nothing (exit {done.returncode});\n{done.stderr[-3000:]}")
+@pytest.fixture
+def scenario_code(run_code: Any) -> Any:
+    """``scenario_code(CODE)``: one scenario below in a fresh interpreter; what it reported."""
+    return lambda code, timeout=240: run_code(_PRELUDE + textwrap.dedent(code), MARK, timeout=timeout)
 
 
 @pytest.mark.covers("torch:oom", "torch:fragmentation")
-def test_torch_fragmented_pool_is_measured_and_explained(record: Any) -> None:
-    r = _run(TORCH_FRAGMENTED)
+def test_torch_fragmented_pool_is_measured_and_explained(scenario_code: Any, record: Any) -> None:
+    r = scenario_code(TORCH_FRAGMENTED)
     before = r["fragmentation_before"]
     record(
         share=before["share"],
@@ -221,8 +205,8 @@ def test_torch_fragmented_pool_is_measured_and_explained(record: Any) -> None:
 
 
 @pytest.mark.covers("torch:oom", "jax:stats.reserved")
-def test_torch_oom_next_to_jax_preallocation_points_at_jax(record: Any) -> None:
-    r = _run(TORCH_NEXT_TO_JAX)
+def test_torch_oom_next_to_jax_preallocation_points_at_jax(scenario_code: Any, record: Any) -> None:
+    r = scenario_code(TORCH_NEXT_TO_JAX)
     assert r["oom"] is True
     report = r["report"]
     pools = {pool["framework"]: pool for pool in report["other_pools"]}
@@ -235,8 +219,8 @@ def test_torch_oom_next_to_jax_preallocation_points_at_jax(record: Any) -> None:
 
 
 @pytest.mark.covers("jax:oom", "jax:fragmentation")
-def test_jax_oom_is_explained_and_its_pool_figures_read(record: Any) -> None:
-    r = _run(JAX_OOM)
+def test_jax_oom_is_explained_and_its_pool_figures_read(scenario_code: Any, record: Any) -> None:
+    r = scenario_code(JAX_OOM)
     frag = r["fragmentation"]
     record(largest_free_block=frag["largest_free_block"], free_in_pool=frag["free_in_pool"], share=frag["share"])
     assert isinstance(frag["largest_free_block"], int) and isinstance(frag["free_in_pool"], int)
@@ -285,8 +269,8 @@ def _check_search(search: dict[str, Any], record: Any, *, max_trials: int) -> No
 
 
 @pytest.mark.covers("torch:batch_size")
-def test_torch_find_batch_size_under_a_cap(record: Any) -> None:
-    r = _run(TORCH_SEARCH)
+def test_torch_find_batch_size_under_a_cap(scenario_code: Any, record: Any) -> None:
+    r = scenario_code(TORCH_SEARCH)
     _check_search(r["search"], record, max_trials=8)
     record(reserved_before=r["reserved_before"], reserved_after=r["reserved_after"])
     assert r["reran"] is True
@@ -296,8 +280,8 @@ def test_torch_find_batch_size_under_a_cap(record: Any) -> None:
 
 
 @pytest.mark.covers("jax:batch_size")
-def test_jax_find_batch_size_under_a_cap(record: Any) -> None:
-    r = _run(JAX_SEARCH)
+def test_jax_find_batch_size_under_a_cap(scenario_code: Any, record: Any) -> None:
+    r = scenario_code(JAX_SEARCH)
     # This step's peaks are not a line in the batch (their slope grows with the batch), and
     # near the cap XLA rematerializes, so sizes past the one whose peak reached the cap still
     # fit and the last bracket is climbed by margin-sized trials: it is allowed 8. A JAX

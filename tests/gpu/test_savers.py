@@ -7,10 +7,6 @@ has something to save. The pytest process imports no framework.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from typing import Any
 
@@ -19,7 +15,6 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 MARK = "UNIMEM_SAVERS_RESULT "
-_STEERING = ("UNIMEM_", "XLA_PYTHON_CLIENT_", "XLA_CLIENT_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 _PRELUDE = f"""
 import json, sys
@@ -109,31 +104,19 @@ emit()
 """
 
 
-def _run(code: str, mode: str, timeout: float = 240) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_STEERING)}
-    env["PYTHONUNBUFFERED"] = "1"
-    done = subprocess.run(
-        [sys.executable, "-c", _PRELUDE + textwrap.dedent(code), mode],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(MARK):
-            result: dict[str, Any] = json.loads(line[len(MARK) :])
-            return result
-    raise AssertionError(f"{mode}: reported nothing (exit {done.returncode});\n{done.stderr[-3000:]}")
-
-
 def _same_gradient(a: float, b: float) -> bool:
     """The gradients' norms agree to float32 rounding over a deep stack (TF32 matmuls aside)."""
     return a > 0 and abs(a - b) <= 1e-2 * a
 
 
+def _modes(run_code: Any, code: str, modes: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Each mode of ``code`` in its own fresh interpreter."""
+    return {mode: run_code(_PRELUDE + textwrap.dedent(code), MARK, mode) for mode in modes}
+
+
 @pytest.fixture(scope="module")
-def torch_modes() -> dict[str, dict[str, Any]]:
-    return {mode: _run(TORCH, mode) for mode in ("none", "full", "matmuls", "offload")}
+def torch_modes(run_code: Any) -> dict[str, dict[str, Any]]:
+    return _modes(run_code, TORCH, ("none", "full", "matmuls", "offload"))
 
 
 @pytest.mark.covers("torch:remat.full", "torch:remat.matmuls")
@@ -158,8 +141,8 @@ def test_torch_offload_moves_saved_activations_to_the_host(torch_modes: Any, rec
 
 
 @pytest.mark.covers("jax:remat.full", "jax:remat.matmuls", "jax:remat.offload")
-def test_jax_policies_keep_the_gradient_and_full_lowers_the_peak(record: Any) -> None:
-    modes = {mode: _run(JAX, mode) for mode in ("none", "full", "matmuls", "offload")}
+def test_jax_policies_keep_the_gradient_and_full_lowers_the_peak(run_code: Any, record: Any) -> None:
+    modes = _modes(run_code, JAX, ("none", "full", "matmuls", "offload"))
     record(**{f"{mode}_peak": r["peak_above_start"] for mode, r in modes.items()})
     for mode in ("full", "matmuls", "offload"):
         assert _same_gradient(modes[mode]["grad_norm"], modes["none"]["grad_norm"]), mode
@@ -168,8 +151,9 @@ def test_jax_policies_keep_the_gradient_and_full_lowers_the_peak(record: Any) ->
 
 
 @pytest.mark.covers("torch:accumulate")
-def test_torch_accumulation_peaks_at_one_micro_batch(record: Any) -> None:
-    large, micro = _run(TORCH_ACCUMULATE, "large"), _run(TORCH_ACCUMULATE, "accumulate")
+def test_torch_accumulation_peaks_at_one_micro_batch(run_code: Any, record: Any) -> None:
+    runs = _modes(run_code, TORCH_ACCUMULATE, ("large", "accumulate"))
+    large, micro = runs["large"], runs["accumulate"]
     record(large_peak=large["peak_above_start"], accumulated_peak=micro["peak_above_start"])
     assert _same_gradient(micro["grad_norm"], large["grad_norm"])
     assert micro["peak_above_start"] < 0.5 * large["peak_above_start"]
