@@ -17,8 +17,8 @@ its re-runs), ``failed_calls``, ``compile_calls`` (sizes compiled to predict the
 steps at the answer ran in the searching process afterwards). ``true_max`` is the upper end of
 a bracket that fresh processes confirm: the answer runs in one, and one above the bracket's
 upper end (the search's smallest failure, or the smallest size XLA predicts past the limit)
-fails in another; ``true_max_confirmed`` says whether both did. Shares against it are lower
-bounds.
+fails in another (``true_max_confirmed``: both did), then bisected in fresh processes while
+wider than 1% and time is left. Shares against it are lower bounds.
 
 Baselines, replayed in code on the same models (accelerate recognises only torch's OOM
 messages, and Lightning is not installed on the GPU machine): accelerate's
@@ -455,18 +455,36 @@ def base_spec(name: str, gpu: bool) -> dict[str, Any]:
     return {"name": name, "gpu": gpu, **MODELS[name]}
 
 
-def confirm(name: str, gpu: bool, search: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """The bracket [found, upper] checked in fresh processes (in parallel, each under its own cap)."""
+def confirm(name: str, gpu: bool, search: dict[str, Any], timeout: float, until: float) -> dict[str, Any]:
+    """The bracket [found, upper] checked in fresh processes (in parallel, each under its own cap),
+    then, while it is wider than 1% and time is left (``until``), bisected with one fresh process
+    a probe: ``true_max`` is one under the smallest size that failed fresh."""
     found, upper = search["found"], search.get("upper")
     sizes = [found] + ([upper + 1] if upper is not None else [])
     with ThreadPoolExecutor(max_workers=len(sizes)) as pool:
         probes = list(pool.map(lambda n: run({**base_spec(name, gpu), "kind": "probe", "size": n}, timeout), sizes))
     fits = probes[0].get("fits")
     fails = None if upper is None else probes[1].get("fits") is False
+    bisected: list[list[Any]] = []
+    low, high = found, None if upper is None else upper + 1
+    while fits and fails and high is not None and high - low > max(1, low // 100):
+        if time.perf_counter() + timeout > until:
+            break
+        middle = (low + high) // 2
+        probe = run({**base_spec(name, gpu), "kind": "probe", "size": middle}, timeout)
+        bisected.append([middle, probe.get("fits")])
+        if probe.get("fits") is True:
+            low = middle
+        elif probe.get("fits") is False:
+            high = middle
+        else:
+            break
     return {
-        "true_max": upper if fits and fails else None,
+        "true_max": high - 1 if fits and fails and high is not None else None,
         "true_max_confirmed": bool(fits and fails),
         "bracket": [found, upper],
+        "fresh_bracket": [low, None if high is None else high - 1],
+        "bisected": bisected,
         "answer_fits_fresh": fits,
         "above_bracket_fails_fresh": fails,
         "probe_errors": [p for p in probes if "error" in p] or None,
@@ -541,7 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     # 2. the true largest: each bracket confirmed by fresh processes, all models at once.
     done = {n: r for n, r in searches.items() if "found" in r}
     with ThreadPoolExecutor(max_workers=max(1, len(done))) as pool:
-        checks = dict(zip(done, pool.map(lambda n: confirm(n, gpu, done[n]["detail"], 180), done), strict=True))
+        checks = dict(
+            zip(done, pool.map(lambda n: confirm(n, gpu, done[n]["detail"], 180, deadline), done), strict=True)
+        )
     for name, check in checks.items():
         row = searches[name]
         row.update(true_max=check["true_max"], true_max_confirmed=check["true_max_confirmed"], reference=check)

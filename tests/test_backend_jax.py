@@ -219,3 +219,20 @@ def test_no_warning_for_pending_jax_settings():
         warnings.simplefilter("error")
         applied = unimem.configure(backend="jax", growth=False)
     assert applied.pending and not applied.skipped
+
+
+def test_search_capacity_under_growth_is_one_piece_of_the_pool():
+    # With growth on a step's new bytes must come from one region: the room left under the cap,
+    # or the largest free block, whichever is larger; a preallocated pool is one region (the cap).
+    GiB = 1 << 30
+    adapter = jax_backend.JaxBackend()
+
+    def pool(reserved: int, in_use: int, block: int) -> unimem.MemoryStats:
+        return unimem.MemoryStats(
+            "jax", 0, allocated=in_use, reserved=reserved, limit=8 * GiB, largest_free_block=block
+        )
+
+    assert adapter.search_capacity(pool(3 * GiB, 1 * GiB, 1 * GiB)) == 1 * GiB + 5 * GiB
+    assert adapter.search_capacity(pool(6 * GiB, 1 * GiB, 4 * GiB)) == 1 * GiB + 4 * GiB
+    assert adapter.search_capacity(pool(8 * GiB, 1 * GiB, 7 * GiB)) == 8 * GiB
+    assert adapter.search_capacity(unimem.MemoryStats("jax", 0, limit=8 * GiB)) == 8 * GiB

@@ -607,6 +607,18 @@ def _open(settings: _Settings, over: Ranks | None = None) -> _Run:
     return run
 
 
+def _reread_capacity(run: _Run) -> bool:
+    """Read the capacity again where it is the framework's (no ``limit=``, figures from the
+    framework): compilations and runs grow a pool taken on demand. True when it changed."""
+    if run.settings.limit is not None or run.settings.measure is not None or run.backend is None:
+        return False
+    capacity = _capacity(run, _snapshot(run))
+    changed = capacity is not None and capacity != run.limit
+    if changed:
+        run.limit = capacity
+    return changed
+
+
 def _adopt(run: _Run) -> None:
     """After the first trial, which may have imported the framework: read its figures from now on."""
     run.use(_framework(run.settings))
@@ -951,6 +963,7 @@ def _place(run: _Run) -> tuple[int, str] | None:
     costly) from the largest run that fit to the ceiling the failures set. None: they cannot place it."""
     scale, margin, good = run.scale, run.settings.margin, run.good
     assert scale is not None
+    _reread_capacity(run)  # the last run (and the compilations before it) may have grown the pool
     if len(scale.fails) == 1 and not run.trials[-1].fits and run.bad is not None:
         below = math.ceil((1 - margin) * (run.bad - 1))
         ceiling = scale.allowed(_scale_limit(run), run.kept_total, 1.0)
@@ -968,6 +981,10 @@ def _place(run: _Run) -> tuple[int, str] | None:
     # (each compilation of a large step costs seconds on a GPU).
     most = _COMPILES_PER_PLACEMENT if share == 1 else 1
     found = scale.locate(allowed, good, min(bounds) if bounds else None, margin / 2, most)
+    if _reread_capacity(run):  # the compilations just made took from the pool
+        again = scale.allowed(_scale_limit(run), run.kept_total, share)
+        if again is not None and again < allowed:
+            found = scale.locate(again, good, min(bounds) if bounds else None, margin / 2, most)
     high = _high(run)  # the compilations just made may bound it
     close = math.floor(good / (1 - margin)) + 1
     if found is None or found < close:

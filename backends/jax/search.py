@@ -65,10 +65,12 @@ def predict_peak(lowered: Any) -> int | None:
 def capacity(snapshot: MemoryStats) -> int | None:
     """The bytes a trial's peak may reach: the cap, less what a pool grown on demand cannot give
     a step. With growth on, XLA's allocator takes regions from the device as it needs them and
-    cuts each request from one region: the free bytes inside its regions, but for their largest
-    block, are there for small buffers only, while a step's temporaries come as one buffer. A
-    preallocated pool is one region: then the cap."""
+    cuts each request from one region, and a step's temporaries come as one buffer: all a step
+    adds is held to one piece, the room left under the cap or the largest free block, whichever
+    is larger (free blocks beside it may take a few small outputs: left out, on the safe side).
+    Compilations grow the pool too (autotuning allocates from it), so the search reads this again
+    before each run. A preallocated pool is one region: then the cap."""
     limit, pool, in_use, block = snapshot.limit, snapshot.reserved, snapshot.allocated, snapshot.largest_free_block
     if limit is None or pool is None or in_use is None or block is None or pool >= limit:
         return limit
-    return min(limit, in_use + (limit - pool) + block)
+    return min(limit, in_use + max(limit - pool, block))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU work, one part per call on the GPU machine (each part fits in 10 minutes):
 #
-#   suite                 the whole GPU suite                        -> gpu.json (evidence/gpu.json)
+#   suite                 the whole GPU suite (SUITE_LIMIT seconds, 540 by default) -> gpu.json
 #   latency               import cost and stats() latency, alone     -> gpu-h200.json
 #   search-tests          the two find_batch_size GPU tests          -> search-tests.json
 #   search-torch          find_batch_size against Lightning's and accelerate's searches in torch,
@@ -72,7 +72,7 @@ batch() {  # $1: seconds; $2: output name; the rest: bench_batch_size.py argumen
 
 case "$PART" in
   suite)
-    suite 540 gpu.json "$@" > "$WORK/suite.log" 2>&1
+    suite "${SUITE_LIMIT:-540}" gpu.json "$@" > "$WORK/suite.log" 2>&1
     ;;
   latency)
     timeout 300 python3 "$BENCH/run_all.py" --out "$WORK/gpu-h200.json" --machine "$MACHINE" > "$WORK/latency.log" 2>&1
