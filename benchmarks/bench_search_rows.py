@@ -560,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     done = {n: r for n, r in searches.items() if "found" in r}
     with ThreadPoolExecutor(max_workers=max(1, len(done))) as pool:
         checks = dict(
-            zip(done, pool.map(lambda n: confirm(n, gpu, done[n]["detail"], 180, deadline), done), strict=True)
+            zip(done, pool.map(lambda n: confirm(n, gpu, done[n]["detail"], 90, deadline), done), strict=True)
         )
     for name, check in checks.items():
         row = searches[name]

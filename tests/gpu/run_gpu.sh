@@ -29,14 +29,15 @@
 #                         go to bench_savers.py                      -> savers-gpu-h200.json
 #   cupy-search           find_batch_size on a CuPy workload against fresh-process bisection
 #                                                                    -> cupy_search-gpu-h200.json
-#   jax-capacity          JAX with growth under 8 GiB: the pool after a warm-up, the largest single
-#                         buffer, predicted peaks and the largest step a fresh process runs
+#   jax-capacity          JAX with growth under 8 GiB: what compiling takes from the pool (autotuning
+#                         on and off), predicted peaks and the largest step a fresh process runs;
+#                         extra arguments go to the script
 #                                                                    -> jax_growth_capacity-gpu.json
 #
 # Output files are named as in benchmarks/results/ (and evidence/gpu.json), so they are
 # copied over as they are; docs/measurements.md quotes them. unimem is installed from this
-# tree, not editable, so the import benchmark measures a real install. Everything is packed
-# into $OUT/results.tar.gz (one file to bring back); unpack with tar -xzf results.tar.gz.
+# tree, not editable, so the import benchmark measures a real install. Each part writes into
+# $OUT/PART as it goes, so a part stopped by a time limit still leaves what it wrote.
 # Parts that run several searches side by side give each its own 2% cap: memory figures
 # are per process, wall times only indicative.
 #
@@ -48,7 +49,8 @@ OUT=${OUT:-/tmp/unimem-out}
 KNOWN_LARGEST=${KNOWN_LARGEST:-15617:16438}
 MACHINE=${MACHINE:-nvidia-h200 (device tool)}
 mkdir -p "$OUT"
-WORK=$(mktemp -d)
+WORK="$OUT/$PART"  # under $OUT, so what a part wrote comes back even if it is stopped
+mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1
 ROOT=$PWD
 BENCH=$ROOT/benchmarks
@@ -138,7 +140,7 @@ case "$PART" in
     ;;
   jax-capacity)
     timeout 500 python3 "$BENCH/scripts/jax_growth_capacity.py" --out "$WORK/jax_growth_capacity-gpu.json" \
-      --budget 420 > "$WORK/jax-capacity.log" 2>&1
+      --budget 420 "$@" > "$WORK/jax-capacity.log" 2>&1
     ;;
   *)
     echo "run_gpu.sh: unknown part '$PART'" >&2
@@ -146,5 +148,4 @@ case "$PART" in
     ;;
 esac
 echo "run_gpu.sh $PART: exit $?"
-tar -czf "$OUT/results.tar.gz" -C "$WORK" .
 tail -n 16 "$WORK"/*.log
