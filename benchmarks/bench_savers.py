@@ -17,7 +17,7 @@ step, ``track().host_peak``), ``ms_per_sample`` (median of the timed steps after
 the batch), and ``largest_batch`` (``unimem.find_batch_size`` in another fresh process; JAX with
 ``lower=``, XLA's compiled peak of each size).
 
-    python benchmarks/bench_savers.py --out benchmarks/results/savers-gpu-h200.json --machine LABEL
+    python benchmarks/bench_savers.py --out benchmarks/results/savers-gpu-h200.json --machine LABEL [--limit 40GiB]
     python benchmarks/bench_savers.py --cpu --out /tmp/savers.json   # a tiny model on the CPU
 
 Without a GPU (``--cpu``) the model is tiny, there is no device peak (None), and the largest batch
@@ -253,7 +253,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     import unimem
 
     if spec["gpu"]:
-        unimem.configure(backend=spec["framework"], growth=True, strict=False)
+        unimem.configure(backend=spec["framework"], growth=True, limit=spec["limit"], strict=False)
     build = torch_model if spec["framework"] == "torch" else jax_model
     step, lower = build(spec["cfg"], spec["mode"], spec["gpu"])
     if spec["kind"] == "measure":
@@ -264,17 +264,18 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 # --- the parent -----------------------------------------------------------------------------------
 
 
-def row(framework: str, mode: str, gpu: bool, deadline: float) -> dict[str, Any]:
+def row(framework: str, mode: str, gpu: bool, deadline: float, limit: str | None) -> dict[str, Any]:
     """One mode in one framework: its measurement and its search, each in a fresh process."""
     spec = {
         "framework": framework,
         "mode": mode,
         "gpu": gpu,
+        "limit": limit,
         "cfg": GPT2 if gpu else TINY,
         "batch": GPU_BATCH if gpu else CPU_BATCH,
         "start": GPU_BATCH if gpu else CPU_BATCH,
     }
-    out: dict[str, Any] = {"framework": framework, "mode": mode, "batch": spec["batch"]}
+    out: dict[str, Any] = {"framework": framework, "mode": mode, "batch": spec["batch"], "limit": limit}
     script = str(Path(__file__).resolve())
     timeout = max(30.0, min(300.0, deadline - time.perf_counter()))
     measured = benchlib.run_child(script, {**spec, "kind": "measure"}, timeout, cpu_only=not gpu)
@@ -297,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--budget", type=float, default=1500.0, help="seconds for everything; later rows skip")
+    parser.add_argument("--limit", default=None, help="a cap for each process on the GPU, e.g. 40GiB (default: none)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -306,13 +308,17 @@ def main(argv: list[str] | None = None) -> int:
     gpu = not args.cpu and benchlib.gpu_description() is not None
     result = benchlib.header("savers", args.machine, sys.argv)
     result.update(mode="gpu" if gpu else "cpu", model=GPT2 if gpu else TINY, rows=[])
-    for framework in [f.strip() for f in args.frameworks.split(",") if f.strip()]:
-        for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-            if deadline - time.perf_counter() < 30:
-                result["rows"].append({"framework": framework, "mode": mode, "skipped": "budget"})
-                continue
-            result["rows"].append(row(framework, mode, gpu, deadline))
-            benchlib.write(result, args.out)  # saved as it goes: a run stopped early keeps its rows
+    frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    # "none" and "full" in every framework first: when the budget runs out, the comparison stands.
+    first = [m for m in modes if m in ("none", "full")]
+    order = [(f, m) for f in frameworks for m in first] + [(f, m) for f in frameworks for m in modes if m not in first]
+    for framework, mode in order:
+        if deadline - time.perf_counter() < 30:
+            result["rows"].append({"framework": framework, "mode": mode, "skipped": "budget"})
+            continue
+        result["rows"].append(row(framework, mode, gpu, deadline, args.limit if gpu else None))
+        benchlib.write(result, args.out)  # saved as it goes: a run stopped early keeps its rows
     benchlib.write(result, args.out)
     return 0 if all("error" not in r for r in result["rows"]) else 1
 
