@@ -493,8 +493,8 @@ def confirm(name: str, gpu: bool, search: dict[str, Any], timeout: float, until:
 
 def search_row(name: str, gpu: bool, remaining: float) -> dict[str, Any]:
     spec = MODELS[name]
-    # Each search gets at most a third of what is left: one slow search must not starve the rest.
-    run_out = run({**base_spec(name, gpu), "kind": "search"}, timeout=max(60.0, min(180.0, remaining / 3)))
+    # Each search gets at most half of what is left: one slow search must not starve the rest.
+    run_out = run({**base_spec(name, gpu), "kind": "search"}, timeout=max(60.0, min(240.0, remaining / 2)))
     row: dict[str, Any] = {"framework": spec["framework"], "model": spec["model"], "method": "unimem"}
     if "error" in run_out:
         return {**row, "error": run_out}
