@@ -608,17 +608,6 @@ class Backend(ABC):
         """
         return snapshot.limit
 
-    def make_room(self, nbytes: int, device: int = 0) -> None:
-        """Before a trial predicted to add ``nbytes`` to what is in use: have the pool hold them in
-        one free piece, where a pool grown on demand could otherwise spend its room on regions too
-        small for the step's largest buffer. Nothing by default.
-
-        Args:
-            nbytes: The bytes the trial is predicted to add.
-            device: The device index.
-        """
-        return None  # a pool taken at once, or one that gives memory back, needs nothing
-
     def pool_overhead(self, peak: int | None, peak_reserved: int | None) -> int:
         """Bytes the pool holds beyond those in use at a trial's peak, which the cap must also hold.
 

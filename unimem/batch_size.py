@@ -832,9 +832,6 @@ def _trial(step: Callable[[int], Any], run: _Run, size: int, reason: str) -> Non
         api.reset_peak(run.backend, run.device)
         in_use = api.stats(run.backend, run.device, nvml=False).allocated
     kept_before = run.kept_total
-    if predicted is not None and predicted < OVER and in_use is not None and run.adapter is not None:
-        assert run.scale is not None
-        run.adapter.make_room(predicted + run.scale.offset - in_use, run.device)
     t0 = _clock()
     run.calls += 1
     error, run.last_oom = _attempt(step, size, run.bad is not None, run.adapter, run.ranks)

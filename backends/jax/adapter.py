@@ -426,11 +426,6 @@ class JaxBackend(Backend):
 
         return capacity(snapshot)
 
-    def make_room(self, nbytes: int, device: int = 0) -> None:
-        from .search import make_room
-
-        make_room(self.stats(device, nvml=False), nbytes, device)
-
     # --- many processes (distributed.py) ---------------------------------------------
     def plan_pin(self, device: int | None, *, per_rank: bool, note: str) -> list[Step]:
         from .distributed import LOCAL_IDS, plan_pin

@@ -8,7 +8,7 @@ from typing import Any
 
 from unimem.memory_stats import MemoryStats
 
-__all__ = ["capacity", "explain_step_error", "make_room", "predict_peak"]
+__all__ = ["capacity", "explain_step_error", "predict_peak"]
 
 # A failed call deletes the arrays it was given to donate; JAX's own message names no cause.
 _DONATED = (
@@ -74,28 +74,3 @@ def capacity(snapshot: MemoryStats) -> int | None:
     if limit is None or pool is None or in_use is None or block is None or pool >= limit:
         return limit
     return min(limit, in_use + max(limit - pool, block))
-
-
-def make_room(snapshot: MemoryStats, nbytes: int, device: int = 0) -> bool:
-    """Have a pool grown on demand hold ``nbytes`` in one free piece: allocate one buffer that
-    size and free it. XLA's allocator never gives a region back, and it sizes new regions by
-    doubling, so the step's first small buffers (its inputs) can take a region of several GiB
-    and leave the room under the cap too small for its temporaries (seen on an H200: a size
-    predicted at 81% of an 8 GiB cap failed). Cut from this piece, the step's buffers all fit,
-    and so does every later step of that size. Returns whether the piece is there; a request
-    the allocator cannot meet fails fast and leaves nothing behind."""
-    block, limit, pool = snapshot.largest_free_block, snapshot.limit, snapshot.reserved
-    if nbytes <= 0 or block is None or limit is None or pool is None or pool >= limit or nbytes <= block:
-        return True  # preallocated (one region), unknown, or a free block already holds it
-    import jax
-    import jax.numpy as jnp
-
-    try:
-        piece = jnp.zeros((nbytes,), jnp.uint8, device=jax.devices()[device])
-        piece.block_until_ready()
-    except Exception as exc:  # XLA's RESOURCE_EXHAUSTED: the step would not fit either
-        if "RESOURCE_EXHAUSTED" not in str(exc) and "out of memory" not in str(exc).lower():
-            raise
-        return False
-    piece.delete()
-    return True

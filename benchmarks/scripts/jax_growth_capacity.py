@@ -100,15 +100,13 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None, help="the JSON to write (required unless --child)")
+    parser.add_argument("--out", required=True)
     parser.add_argument("--budget", type=float, default=420.0)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         print(benchlib.RESULT_MARK + json.dumps(child(json.loads(args.child)), default=str), flush=True)
         return 0
-    if args.out is None:
-        parser.error("--out is required")
     deadline = time.perf_counter() + args.budget
     result = benchlib.header("jax_growth_capacity", None, sys.argv)
     result["limit"] = LIMIT
