@@ -264,7 +264,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 # --- the parent -----------------------------------------------------------------------------------
 
 
-def row(framework: str, mode: str, gpu: bool, deadline: float, limit: str | None) -> dict[str, Any]:
+def row(
+    framework: str, mode: str, gpu: bool, deadline: float, limit: str | None, search_seconds: float = 300.0
+) -> dict[str, Any]:
     """One mode in one framework: its measurement and its search, each in a fresh process."""
     spec = {
         "framework": framework,
@@ -283,7 +285,7 @@ def row(framework: str, mode: str, gpu: bool, deadline: float, limit: str | None
         return {**out, "error": measured}
     out.update({k: measured[k] for k in ("peak_bytes", "host_peak_bytes", "ms_per_sample")})
     out["detail"] = {"peak_exact": measured["peak_exact"], "note": measured["note"]}
-    timeout = max(30.0, min(300.0, deadline - time.perf_counter()))
+    timeout = max(30.0, min(search_seconds, deadline - time.perf_counter()))
     searched = benchlib.run_child(script, {**spec, "kind": "search"}, timeout, cpu_only=not gpu)
     out["largest_batch"] = searched.get("largest_batch")
     out["detail"]["search"] = searched
@@ -298,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--budget", type=float, default=1500.0, help="seconds for everything; later rows skip")
+    parser.add_argument("--search-seconds", type=float, default=300.0, help="the most one search may take")
     parser.add_argument("--limit", default=None, help="a cap for each process on the GPU, e.g. 40GiB (default: none)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -317,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         if deadline - time.perf_counter() < 30:
             result["rows"].append({"framework": framework, "mode": mode, "skipped": "budget"})
             continue
-        result["rows"].append(row(framework, mode, gpu, deadline, args.limit if gpu else None))
+        result["rows"].append(row(framework, mode, gpu, deadline, args.limit if gpu else None, args.search_seconds))
         benchlib.write(result, args.out)  # saved as it goes: a run stopped early keeps its rows
     benchlib.write(result, args.out)
     return 0 if all("error" not in r for r in result["rows"]) else 1
