@@ -508,10 +508,9 @@ class GrowthPool(Device):
 
 @pytest.mark.parametrize("autotune", [0.0, 0.1, 0.25, 0.5])
 def test_a_pool_grown_on_demand_is_read_again_before_each_run(simulated: Current, autotune: float) -> None:
-    # On an H200 a size predicted at 7.23 GiB under an 8 GiB cap failed: the compilations before
-    # it had left the pool regions too small for its temporaries and too much for a new one.
-    # The capacity is read from the pool before each run, so no run fails and the answer runs
-    # again in the process as the search left it.
+    # Where compilations leave the pool regions too small for a step's temporaries and too much
+    # for a new one, the capacity read once at the start is too high: it is read from the pool
+    # again before each run, so no run fails and the answer runs again where the search left it.
     device = GrowthPool("linear", 700 * MiB, 64 * MiB, 131_072, room=8 * GiB, limit=8 * GiB,
                         predictions="exact", fail_seconds=25.0, autotune=autotune)  # fmt: skip
     simulated.device = device

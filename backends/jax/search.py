@@ -68,8 +68,9 @@ def capacity(snapshot: MemoryStats) -> int | None:
     cuts each request from one region, and a step's temporaries come as one buffer: all a step
     adds is held to one piece, the room left under the cap or the largest free block, whichever
     is larger (free blocks beside it may take a few small outputs: left out, on the safe side).
-    Compilations grow the pool too (autotuning allocates from it), so the search reads this again
-    before each run. A preallocated pool is one region: then the cap."""
+    Compilations and runs can grow the pool (XLA autotunes on real buffers), so the search reads
+    this again before each run. An upper bound only: on an H200 the largest step a grown pool ran
+    was 70% of its cap (docs/measurements.md). A preallocated pool is one region: then the cap."""
     limit, pool, in_use, block = snapshot.limit, snapshot.reserved, snapshot.allocated, snapshot.largest_free_block
     if limit is None or pool is None or in_use is None or block is None or pool >= limit:
         return limit
