@@ -39,9 +39,9 @@ With ``lower=`` the framework predicts each size's peak from the compiled step
 if predicted under the capacity still believed in: the limit, then below each failure
 beside what failures left in use. Without ``limit=`` that capacity is the framework's
 (``Backend.search_capacity``), read again before each run: compilations and runs grow a pool
-taken on demand. The first run after ``start`` is the largest size predicted under it; a failure there means the capacity is lower, so the next is one
-margin down where it still fits beside the failure's outputs, then splits of the predicted
-range. Runs that fit calibrate the bytes beside the predictions; predictions the runs
+taken on demand. The first run after ``start`` is the largest size predicted under it; a
+failure there means the capacity is lower, so the next is one margin down where it still fits
+beside the failure's outputs, then splits of the predicted range. Runs that fit calibrate the bytes beside the predictions; predictions the runs
 contradict are set aside, with a note, and the measured search goes on.
 
 Under a distributed runtime (several ranks: torch.distributed, jax.distributed) the search
