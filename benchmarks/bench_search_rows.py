@@ -87,11 +87,19 @@ TARGETS = {"share": 0.95, "step_calls": 6, "jax_failed_calls": 1, "jax_seconds":
 
 
 class Work:
-    """``step(n)``: one training step at batch ``n``; ``lower(n)``: that step lowered, or None."""
+    """``step(n)``: one training step at batch ``n``; ``lower(n)``: that step lowered, or None;
+    ``parts``: for JAX, ``(inputs(n), run(x, y))``, the step in its two halves (to look at the
+    pool between them)."""
 
-    def __init__(self, step: Callable[[int], None], lower: Callable[[int], Any] | None = None) -> None:
+    def __init__(
+        self,
+        step: Callable[[int], None],
+        lower: Callable[[int], Any] | None = None,
+        parts: tuple[Callable[[int], Any], Callable[..., None]] | None = None,
+    ) -> None:
         self.step = step
         self.lower = lower
+        self.parts = parts
 
 
 def _torch_boom() -> None:
@@ -210,21 +218,26 @@ def jax_model(name: str, gpu: bool, cap: int) -> Work:
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    def step(n: int) -> None:
-        x = jnp.ones((n, *x_shape), jnp.float32)
-        y = jnp.zeros((n, *y_shape), jnp.float32)
-        if not gpu and n > cap:
-            _jax_boom()
+    def inputs(n: int) -> tuple[Any, Any]:
+        return jnp.ones((n, *x_shape), jnp.float32), jnp.zeros((n, *y_shape), jnp.float32)
+
+    def run(x: Any, y: Any) -> None:
         new_params, new_opt, loss = train(state["params"], state["opt"], x, y)
         loss.block_until_ready()
         state["params"], state["opt"] = new_params, new_opt  # the search's step donates nothing
+
+    def step(n: int) -> None:
+        x, y = inputs(n)
+        if not gpu and n > cap:
+            _jax_boom()
+        run(x, y)
 
     def lower(n: int) -> Any:
         x = jax.ShapeDtypeStruct((n, *x_shape), jnp.float32)  # sized without allocating
         y = jax.ShapeDtypeStruct((n, *y_shape), jnp.float32)
         return train.lower(state["params"], state["opt"], x, y)
 
-    return Work(step, lower)
+    return Work(step, lower, (inputs, run))
 
 
 def build(spec: dict[str, Any]) -> Work:

@@ -41,8 +41,9 @@ beside what failures left in use. Without ``limit=`` that capacity is the framew
 (``Backend.search_capacity``), read again before each run: compilations and runs grow a pool
 taken on demand. The first run after ``start`` is the largest size predicted under it; a
 failure there means the capacity is lower, so the next is one margin down where it still fits
-beside the failure's outputs, then splits of the predicted range. Runs that fit calibrate the bytes beside the predictions; predictions the runs
-contradict are set aside, with a note, and the measured search goes on.
+beside the failure's outputs, then splits of the predicted range. Runs that fit calibrate the
+bytes beside the predictions; predictions the runs contradict are set aside, with a note, and
+the measured search goes on.
 
 Under a distributed runtime (several ranks: torch.distributed, jax.distributed) the search
 is a collective: every rank calls it, and each trial's outcome is agreed through the

@@ -12,8 +12,9 @@ For the two JAX models of ``bench_search_rows.py`` (optax AdamW, ``growth=True``
    compiles by default: whether autotuning grows the pool, whether it moves the prediction,
    and what it costs in time;
 2. ``fresh_probes``: the largest MLP size whose step runs in a fresh process (compiled as JAX
-   does by default, then run), bisected to 1% with one fresh process a probe; the pool after
-   the compilation and after the run;
+   does by default, then run), bisected to 1% with one fresh process a probe; every figure of
+   the pool after the compilation, after the step's inputs were made and after the run, and
+   XLA's whole message when it ran out (it names the request that failed);
 3. ``off_then_run``: a fresh process that predicts with autotuning off and then runs the step at
    the largest size found in 2 (does it still fit; what the run's own compilation costs).
 
@@ -54,9 +55,7 @@ def _work(model: str) -> Any:
 def _pool() -> dict[str, Any]:
     import jax
 
-    stats = jax.devices()[0].memory_stats() or {}
-    keys = ("bytes_in_use", "peak_bytes_in_use", "pool_bytes", "largest_free_block_bytes", "bytes_limit")
-    return {key: stats.get(key) for key in keys}
+    return dict(jax.devices()[0].memory_stats() or {})  # every figure XLA's allocator keeps
 
 
 def _compile(work: Any, size: int, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -85,28 +84,33 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         return out
     size = spec["size"]
     out["compiled"] = _compile(work, size, OFF if spec["kind"] == "off-then-run" else None)
+    inputs, run = work.parts
     t0 = time.perf_counter()
     try:
-        work.step(size)
+        x, y = inputs(size)
+        out["pool_after_inputs"] = _pool()  # the step's first buffers: where did they go?
+        run(x, y)
         out["fits"] = True
     except Exception as exc:
         if not unimem.is_oom(exc):
             raise
         out["fits"] = False
-        out["error"] = str(exc).splitlines()[0][:300]
+        out["error"] = str(exc)[:3000]  # XLA names the request that failed and the pool's state
     out.update(run_seconds=round(time.perf_counter() - t0, 2), pool_after_run=_pool())
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", default=None, help="the JSON to write (required unless --child)")
     parser.add_argument("--budget", type=float, default=420.0)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         print(benchlib.RESULT_MARK + json.dumps(child(json.loads(args.child)), default=str), flush=True)
         return 0
+    if args.out is None:
+        parser.error("--out is required")
     deadline = time.perf_counter() + args.budget
     result = benchlib.header("jax_growth_capacity", None, sys.argv)
     result["limit"] = LIMIT
