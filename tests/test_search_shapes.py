@@ -280,6 +280,27 @@ def build(
     max_trials=20,
     max_size=None,
 )
+# Lagging predictions and one measured run: the bytes two failures kept, held against the
+# predicted scale, ruled out the largest size that still fit (1035), one under the margin.
+@example(
+    shape="bend",
+    held=0,
+    fixed=0,
+    per_sample=256,
+    true_max=1715,
+    headroom=1.1,
+    slack=0.0,
+    kept=100,
+    shrink=0.0,
+    noise=0.0,
+    predictions="lagging",
+    reading="stats",
+    costly=False,
+    start=1024,
+    margin=0.01,
+    max_trials=8,
+    max_size=None,
+)
 def test_every_shape_ends_within_its_budget_with_a_size_that_ran(
     simulated: Current,
     shape: str,

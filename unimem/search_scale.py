@@ -127,11 +127,16 @@ class Scale:
         # A failure's own bound widens by how much the measured peaks have strayed from the
         # predictions (their spread): kept bytes move it by bytes the predictions may misscale.
         spread = max(b for b, _ in self.besides) - min(b for b, _ in self.besides) if self.besides else 0
-        tops = [p + self.sure_offset + spread + kept - 1 for p, kept in self.fails]
-        tops += [] if limit is None else [limit]
-        if not tops:
-            return None
-        over = [n for n, p in self.memo.items() if n > above and p + self.sure_offset + kept_now > min(tops)]
+        # With fewer than two measured runs the spread says nothing, so a failure bounds only
+        # sizes beside the bytes that were in use at it: kept since then may be misscaled.
+        calibrated = len(self.besides) >= 2
+        tops = [(p + self.sure_offset + spread + kept - 1, kept_now if calibrated else kept) for p, kept in self.fails]
+        tops += [] if limit is None else [(limit, kept_now)]
+        over = [
+            n
+            for n, p in self.memo.items()
+            if n > above and any(p + self.sure_offset + kept > top for top, kept in tops)
+        ]
         return min(over) - 1 if over else None
 
     # --- where the next run goes ------------------------------------------------------------------
