@@ -457,3 +457,46 @@ def test_search_plan_accumulation_and_scaler_together_under_ddp():
     assert results[0]["share"] == [0, 50] and results[1]["share"] == [50, 100]
     # DDP kept the replicas equal: every rank applied the same averaged gradient.
     assert results[0]["params"] == results[1]["params"]
+
+
+def test_a_capacity_read_again_is_agreed_over_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each rank reads its own pool before a predicted run; every rank must hold the same limit,
+    # the smallest one known, or they would place different sizes.
+    import threading
+    import time
+    import types
+
+    from unimem import batch_size as search_module
+    from unimem.search_ranks import Ranks
+
+    class Store:
+        def __init__(self, shared: dict[str, str], rank: int) -> None:
+            self.shared, self.rank, self.world_size = shared, rank, 2
+
+        def set(self, key: str, value: str) -> None:
+            self.shared[key] = value
+
+        def get(self, key: str, timeout: float) -> str | None:
+            deadline = time.monotonic() + timeout
+            while key not in self.shared and time.monotonic() < deadline:
+                time.sleep(0.001)
+            return self.shared.get(key)
+
+    capacities = {0: 8_000, 1: 6_000}
+    monkeypatch.setattr(search_module, "_snapshot", lambda run: None)
+    monkeypatch.setattr(search_module, "_capacity", lambda run, snapshot: capacities[run.ranks.rank])
+    shared: dict[str, str] = {}
+    limits: dict[int, tuple[bool, int | None]] = {}
+
+    def rank(r: int) -> None:
+        settings = types.SimpleNamespace(limit=None, measure=None, device=0)
+        run = search_module._Run(settings, backend="jax", limit=9_000)  # type: ignore[arg-type]
+        run.ranks = Ranks(Store(shared, r), "test store", 5.0, "t/")
+        limits[r] = (search_module._reread_capacity(run), run.limit)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert limits == {0: (True, 6_000), 1: (True, 6_000)}

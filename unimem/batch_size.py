@@ -611,10 +611,14 @@ def _open(settings: _Settings, over: Ranks | None = None) -> _Run:
 
 def _reread_capacity(run: _Run) -> bool:
     """Read the capacity again where it is the framework's (no ``limit=``, figures from the
-    framework): compilations and runs grow a pool taken on demand. True when it changed."""
+    framework): compilations and runs grow a pool taken on demand. Over ranks, the smallest any
+    rank knows, so that every rank places the same size. True when it changed."""
     if run.settings.limit is not None or run.settings.measure is not None or run.backend is None:
         return False
     capacity = _capacity(run, _snapshot(run))
+    if run.ranks is not None:
+        answers = run.ranks.exchange({"kind": "capacity", "size": run.good, "limit": capacity})
+        capacity = min((p["limit"] for p in answers.values() if p["limit"] is not None), default=None)
     changed = capacity is not None and capacity != run.limit
     if changed:
         run.limit = capacity
