@@ -96,28 +96,14 @@ def main(argv: list[str]) -> int:
     framework, workload, config, size, steps = argv[0], argv[1], argv[2], argv[3], int(argv[4])
     from unimem.errors import UnsupportedFeature
 
+    row = {"framework": framework, "workload": workload, "config": config, "size": size, "ok": False}
     try:
         result = measure(framework, workload, config, size, steps)
     except UnsupportedFeature as exc:  # the framework cannot run this configuration: a row that says so
-        result = {
-            "framework": framework,
-            "workload": workload,
-            "config": config,
-            "size": size,
-            "ok": False,
-            "unsupported": True,
-            "error": str(exc).splitlines()[0][:300],
-        }
+        result = {**row, "unsupported": True, "error": str(exc).splitlines()[0][:300]}
     except Exception as exc:  # a failed run is a row in the table, not a crash of the comparison
-        result = {
-            "framework": framework,
-            "workload": workload,
-            "config": config,
-            "size": size,
-            "ok": False,
-            "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
-            "traceback": traceback.format_exc()[-2000:],
-        }
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        result = {**row, "error": error, "traceback": traceback.format_exc()[-2000:]}
     sys.stdout.write("\n" + json.dumps(result) + "\n")
     return 0
 
