@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BackendUnavailable, ConfigError
-from .recording import Recording, _target, _unit, load_recording
+from .recording import Recording, _mark_text, _target, _unit, load_recording
 
 __all__ = ["PLOT_EXTRA", "RANK_FIGURES", "RankLine", "RanksPlot", "plot_recordings", "require_matplotlib"]
 
@@ -175,17 +175,7 @@ def _ranks_figure(
         for mark in recording.marks:
             ax.axvline(mark.time - origin, color=colour, linestyle=":", linewidth=0.8, alpha=0.7)
             if marks <= _MARK_TEXTS:
-                ax.annotate(
-                    f"{label}: {mark.label}",
-                    xy=(mark.time - origin, 1.0),
-                    xycoords=("data", "axes fraction"),
-                    xytext=(2, -2),
-                    textcoords="offset points",
-                    rotation=90,
-                    va="top",
-                    fontsize=7,
-                    color=colour,
-                )
+                _mark_text(ax, mark.time - origin, f"{label}: {mark.label}", colour)
     ax.set_xlabel("seconds since the earliest start (wall clock)")
     ax.set_ylabel(f"{_FIGURE_LABELS.get(name, name) if name else 'memory'}, {unit}")
     what = "ranks" if all(line.rank is not None for line in drawn) else "recordings"

@@ -483,17 +483,7 @@ class Recording:
             level = (level + 1) % 3 if previous is not None and x - previous < 0.03 * span else 0
             previous = x
             ax.axvline(x, color="grey", linestyle=":", linewidth=1)
-            ax.annotate(
-                mark.label,
-                xy=(x, 1.0 - 0.3 * level),
-                xycoords=("data", "axes fraction"),
-                xytext=(2, -2),
-                textcoords="offset points",
-                rotation=90,
-                va="top",
-                fontsize=7,
-                color="dimgray",
-            )
+            _mark_text(ax, x, mark.label, "dimgray", 1.0 - 0.3 * level)
 
     def _draw(self, ax: Any, name: str, source: str | None, label: str, style: str, start: float, scale: int) -> int:
         rows = [s for s in self.samples if source is None or s.source == source]
@@ -630,3 +620,18 @@ def merge_samples(*streams: Iterable[Sample]) -> list[Sample]:
     merged = [sample for stream in streams for sample in stream]
     merged.sort(key=lambda s: s.time)
     return merged
+
+
+def _mark_text(ax: Any, x: float, text: str, colour: Any, height: float = 1.0) -> None:
+    """A mark's label, upright beside its line at ``x``, ``height`` up the axes."""
+    ax.annotate(
+        text,
+        xy=(x, height),
+        xycoords=("data", "axes fraction"),
+        xytext=(2, -2),
+        textcoords="offset points",
+        rotation=90,
+        va="top",
+        fontsize=7,
+        color=colour,
+    )
