@@ -89,17 +89,20 @@ TARGETS = {"share": 0.95, "step_calls": 6, "jax_failed_calls": 1, "jax_seconds":
 class Work:
     """``step(n)``: one training step at batch ``n``; ``lower(n)``: that step lowered, or None;
     ``parts``: for JAX, ``(inputs(n), run(x, y))``, the step in its two halves (to look at the
-    pool between them)."""
+    pool between them); ``state``: for JAX, the step's ``{"params", "opt"}`` (to run a compiled
+    step on them)."""
 
     def __init__(
         self,
         step: Callable[[int], None],
         lower: Callable[[int], Any] | None = None,
         parts: tuple[Callable[[int], Any], Callable[..., None]] | None = None,
+        state: dict[str, Any] | None = None,
     ) -> None:
         self.step = step
         self.lower = lower
         self.parts = parts
+        self.state = state
 
 
 def _torch_boom() -> None:
@@ -237,7 +240,7 @@ def jax_model(name: str, gpu: bool, cap: int) -> Work:
         y = jax.ShapeDtypeStruct((n, *y_shape), jnp.float32)
         return train.lower(state["params"], state["opt"], x, y)
 
-    return Work(step, lower, (inputs, run))
+    return Work(step, lower, (inputs, run), state)
 
 
 def build(spec: dict[str, Any]) -> Work:
