@@ -642,6 +642,31 @@ class Backend(ABC):
         """
         return None
 
+    def predict_largest_buffer(self, lowered: Any) -> int | None:
+        """The largest single buffer a step will allocate as it runs, read from its compiled form.
+
+        Args:
+            lowered: What ``find_batch_size``'s ``lower(n)`` returned for one batch size.
+
+        Returns:
+            The bytes; None (the default) when unknown.
+        """
+        return None
+
+    def search_largest_buffer(self, snapshot: MemoryStats) -> int | None:
+        """The largest single buffer the allocator can hand out now (a pool grown on demand keeps
+        its regions, so its free bytes are not one piece). Where this and
+        ``predict_largest_buffer`` are known, the batch search holds each size's peak against
+        the cap and its largest buffer against this.
+
+        Args:
+            snapshot: ``stats()`` now.
+
+        Returns:
+            The bytes; None (the default) when unknown or not a bound.
+        """
+        return None
+
     def trial_context(self, model: Any) -> Callable[[], contextlib.AbstractContextManager[None]] | None:
         """What each trial of ``find_batch_size(..., model=model)`` runs inside so that it makes no
         collective of its own: under a distributed runtime one rank's out-of-memory error must not

@@ -540,3 +540,89 @@ def test_a_pool_grown_on_demand_is_read_again_before_each_run(simulated: Current
     assert found.failed_calls == 0, str(found)
     assert device.fits(found.batch_size), str(found)
     assert found.batch_size >= 0.95 * device.largest(fresh=False, most=1 << 40), str(found)
+
+
+@dataclass
+class RegionPool(Device):
+    """JAX with growth on under a cap, as its allocator was seen to work on an H200: the pool
+    takes regions on demand, each twice the last (at most what is left under the cap), and keeps
+    them. A step's temporaries come as one buffer, cut from the largest free block or from a new
+    region; its inputs and outputs, smaller buffers, fit in what the pool has free. Compiling a
+    size autotunes its kernels on real buffers (half the step's temporaries) and leaves the
+    region that took in the pool. ``lower(n)`` gives the peak and the largest buffer."""
+
+    outputs: int = 0  # the step's outputs (new parameters and optimizer state), kept by a failure
+    inputs_per_sample: int = 0
+    regions: list[int] = field(default_factory=list)  # the regions beside ``held``'s
+    block: int = 0  # the largest free block
+    last_region: int = 0
+
+    def temp(self, n: int) -> int:
+        return self.need(n) - self.held - self.outputs - self.inputs_per_sample * n
+
+    @property
+    def pool(self) -> int:
+        return self.held + sum(self.regions)
+
+    def room_now(self) -> int:
+        return self.room - self.kept
+
+    def _piece(self) -> int:
+        return max(self.block, self.limit - self.pool)
+
+    def _grow(self, want: int) -> None:
+        """A region for ``want`` bytes where no free block holds them (none when none fits)."""
+        if want <= self.block:
+            return
+        size = min(max(want, 2 * self.last_region), self.limit - self.pool)
+        if size >= want:
+            self.regions.append(size)
+            self.last_region, self.block = size, max(self.block, size)  # free again after use
+
+    def fits(self, n: int, fresh: bool = False) -> bool:
+        if fresh:
+            start = RegionPool(**{**self.__dict__, "regions": list(self.regions[:3]), "kept": 0, "failed": 0})
+            start.block, start.last_region = self.regions[2], self.regions[2]
+            start._grow(self.temp(n) // 2)  # the fresh process compiles the size first
+            return start.fits(n)
+        return self.need(n) + self.kept <= self.limit and self.temp(n) <= self._piece()
+
+    def predicted(self, n: int) -> tuple[int, int]:  # type: ignore[override]
+        self._grow(self.temp(n) // 2)
+        return self.need(n), self.temp(n)
+
+    def step(self, n: int) -> None:
+        if self.fits(n):
+            self._grow(self.temp(n))
+        super().step(n)
+
+    def stats(self, backend: str | None = None, device: int = 0, **_: Any) -> unimem.MemoryStats:
+        base = super().stats(backend, device)
+        return unimem.MemoryStats("jax", device, allocated=base.allocated, reserved=self.pool,
+                                  peak_allocated=base.peak_allocated, limit=self.limit,
+                                  largest_free_block=self.block)  # fmt: skip
+
+
+@pytest.mark.parametrize("per_sample", [96 * 1024, 160 * 1024, 1 << 20])
+def test_a_pool_of_regions_holds_the_largest_buffer_against_its_largest_piece(
+    simulated: Current, per_sample: int
+) -> None:
+    # The peak alone says nothing of the pieces: a pool whose free bytes lie in regions too small
+    # for the step's temporaries fails a size predicted well under the cap. Held against the
+    # largest piece the allocator can hand out, the first size placed runs and is the answer.
+    held, outputs = 700 * MiB, 700 * MiB
+    device = RegionPool("linear", held, outputs + 64 * MiB, per_sample, room=8 * GiB, limit=8 * GiB,
+                        predictions="exact", fail_seconds=10.0, kept_per_failure=outputs, outputs=outputs,
+                        inputs_per_sample=8 * 1024, regions=[256 * MiB, 512 * MiB, 770 * MiB],
+                        block=770 * MiB, last_region=770 * MiB)  # fmt: skip
+    simulated.device = device
+    found = search(device, "stats-unresettable", start=64, max_trials=6)
+    assert (device.calls, device.failed) == (found.step_calls, found.failed_calls), str(found)
+    assert found.failed_calls == 0, str(found)
+    assert found.step_calls <= 3, str(found)
+    assert device.fits(found.batch_size), str(found)
+    assert found.batch_size >= 0.95 * device.largest(fresh=False, most=1 << 40), str(found)
+    assert found.batch_size <= device.largest(fresh=True, most=1 << 40), str(found)
+    # Held against the peak alone, the cap would have placed a size whose temporaries do not fit.
+    over_cap = max(n for n in range(found.batch_size, 4 * found.batch_size, 64) if device.need(n) <= device.limit)
+    assert not device.fits(over_cap), str(found)

@@ -39,9 +39,13 @@ With ``lower=`` the framework predicts each size's peak from the compiled step
 if predicted under the capacity still believed in: the limit, then below each failure
 beside what failures left in use. Without ``limit=`` that capacity is the framework's
 (``Backend.search_capacity``), read again before each run: compilations and runs grow a pool
-taken on demand. The first run after ``start`` is the largest size predicted under it; a
-failure there means the capacity is lower, so the next is one margin down where it still fits
-beside the failure's outputs, then splits of the predicted range. Runs that fit calibrate the
+taken on demand. Where the framework also predicts each size's largest single buffer and reads
+the largest its allocator can hand out now (JAX: XLA's temporaries come as one buffer, and a
+pool grown on demand keeps regions too small for it), the peak is held against the cap and the
+largest buffer against that room, both read again before each run. The first run after
+``start`` is the largest size predicted under it; a failure there means the capacity is lower,
+so the next is one margin down where it still fits beside the failure's outputs, then splits
+of the predicted range. Runs that fit calibrate the
 bytes beside the predictions; predictions the runs contradict are set aside, with a note, and
 the measured search goes on.
 
@@ -565,10 +569,21 @@ def _snapshot(run: _Run) -> MemoryStats | None:
 
 
 def _capacity(run: _Run, snapshot: MemoryStats | None) -> int | None:
-    """Bytes the measured peak may reach, as the framework reads its snapshot (its cap by default)."""
+    """Bytes the measured peak may reach, as the framework reads its snapshot (its cap by
+    default). With predictions and a largest buffer the allocator can hand out, the cap: the
+    pool's pieces are then held against each size's largest buffer (``Scale.room``)."""
     if snapshot is None or run.adapter is None:
         return None
+    if run.scale is not None and run.scale.largest and run.adapter.search_largest_buffer(snapshot) is not None:
+        return snapshot.limit
     return run.adapter.search_capacity(snapshot)
+
+
+def _room(run: _Run, snapshot: MemoryStats | None) -> int | None:
+    """The largest buffer the allocator can hand out now (figures from the framework only)."""
+    if snapshot is None or run.adapter is None or run.settings.measure is not None:
+        return None
+    return run.adapter.search_largest_buffer(snapshot)
 
 
 def _measured_by(run: _Run) -> str:
@@ -597,6 +612,8 @@ def _open(settings: _Settings, over: Ranks | None = None) -> _Run:
         _release(run)
     run.before = _snapshot(run)
     run.limit = settings.limit if settings.limit is not None else _capacity(run, run.before)
+    if run.scale is not None:
+        run.scale.room = _room(run, run.before)
     run.measured_by = _measured_by(run)
     # The baseline turns one measured trial into a size that surely fits (see safe_size).
     run.baseline = settings.baseline
@@ -611,17 +628,25 @@ def _open(settings: _Settings, over: Ranks | None = None) -> _Run:
 
 def _reread_capacity(run: _Run) -> bool:
     """Read the capacity again where it is the framework's (no ``limit=``, figures from the
-    framework): compilations and runs grow a pool taken on demand. Over ranks, the smallest any
-    rank knows, so that every rank places the same size. True when it changed."""
-    if run.settings.limit is not None or run.settings.measure is not None or run.backend is None:
+    framework), and the largest buffer its allocator can hand out (with predictions):
+    compilations and runs grow a pool taken on demand. Over ranks, the smallest any rank knows,
+    so that every rank places the same size. True when either changed."""
+    ours = run.settings.limit is None
+    if run.settings.measure is not None or run.backend is None or not (ours or run.scale is not None):
         return False
-    capacity = _capacity(run, _snapshot(run))
+    snapshot = _snapshot(run)
+    capacity = _capacity(run, snapshot) if ours else run.limit
+    room = None if run.scale is None else _room(run, snapshot)
     if run.ranks is not None:
-        answers = run.ranks.exchange({"kind": "capacity", "size": run.good, "limit": capacity})
+        answers = run.ranks.exchange({"kind": "capacity", "size": run.good, "limit": capacity, "room": room})
         capacity = min((p["limit"] for p in answers.values() if p["limit"] is not None), default=None)
-    changed = capacity is not None and capacity != run.limit
+        room = min((p["room"] for p in answers.values() if p["room"] is not None), default=None)
+    changed = ours and capacity is not None and capacity != run.limit
     if changed:
         run.limit = capacity
+    if run.scale is not None and room != run.scale.room:
+        run.scale.room = room
+        changed = True
     return changed
 
 
@@ -630,36 +655,48 @@ def _adopt(run: _Run) -> None:
     run.use(_framework(run.settings))
     if run.backend is not None and run.settings.measure is None:
         run.measured_by = _measured_by(run)
-        run.limit = run.settings.limit if run.settings.limit is not None else _capacity(run, _snapshot(run))
+        snapshot = _snapshot(run)
+        run.limit = run.settings.limit if run.settings.limit is not None else _capacity(run, snapshot)
+        if run.scale is not None:
+            run.scale.room = _room(run, snapshot)
 
 
 # --- predictions (lower=) -----------------------------------------------------------------------
 
 
-def _size_lowered(run: _Run, lowered: Any) -> int | None:
-    """The predicted peak of what ``lower(n)`` returned: an int is taken as the bytes; else the
-    search's framework sizes it, then each one imported (``Backend.predict_peak``)."""
-    if isinstance(lowered, int) and not isinstance(lowered, bool):
-        return lowered
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _size_lowered(run: _Run, lowered: Any) -> tuple[int, int | None] | None:
+    """The predicted peak and largest single buffer of what ``lower(n)`` returned: an int is
+    taken as the peak's bytes, a pair of ints as both; else the search's framework sizes it,
+    then each one imported (``Backend.predict_peak``, ``Backend.predict_largest_buffer``)."""
+    if _whole(lowered):
+        return lowered, None
+    if isinstance(lowered, tuple) and len(lowered) == 2 and all(map(_whole, lowered)):
+        return lowered[0], lowered[1]
     adapters = [run.adapter] if run.adapter is not None else []
     adapters += [registry.get_backend(name) for name in registry.imported_frameworks()]
     for adapter in dict.fromkeys(adapters):
         value = adapter.predict_peak(lowered)
         if value is not None:
-            return value
+            return value, adapter.predict_largest_buffer(lowered)
     return None
 
 
-def _predictor(run: _Run) -> Callable[[int], int | None]:
+def _predictor(run: _Run) -> Callable[[int], tuple[int, int | None] | None]:
     """``n -> predicted peak bytes`` through ``lower=``; a lowering that itself runs out of
     memory predicts ``OVER`` (the size does not fit), any other error stops the search."""
     lower = run.settings.lower
     assert lower is not None
 
-    def predict(size: int) -> int | None:
+    def predict(size: int) -> tuple[int, int | None] | None:
         t0 = _clock()
+        largest: int | None = None
         try:
-            value = _size_lowered(run, lower(size))
+            sized = _size_lowered(run, lower(size))
+            value, largest = (None, None) if sized is None else sized
         except Exception as exc:
             if find_oom(exc) is None:
                 _tell_ranks(run.ranks, "compilation", size, exc)
@@ -668,10 +705,12 @@ def _predictor(run: _Run) -> Callable[[int], int | None]:
             value = OVER
         if run.ranks is not None:
             # The largest over ranks, so every rank places the same sizes (None: one cannot size it).
-            answers = run.ranks.exchange({"kind": "compilation", "size": size, "predicted": value})
+            message = {"kind": "compilation", "size": size, "predicted": value, "largest": largest}
+            answers = run.ranks.exchange(message)
             value = worst([p["predicted"] for p in answers.values()])
+            largest = worst([p["largest"] for p in answers.values()])
         run.progress.compiled(size, value, _clock() - t0)
-        return value
+        return None if value is None else (value, largest)
 
     return predict
 
@@ -989,8 +1028,8 @@ def _place(run: _Run) -> tuple[int, str] | None:
     found = scale.locate(allowed, good, min(bounds) if bounds else None, margin / 2, most)
     if _reread_capacity(run):  # the compilations just made took from the pool
         again = scale.allowed(_scale_limit(run), run.kept_total, share)
-        if again is not None and again < allowed:
-            found = scale.locate(again, good, min(bounds) if bounds else None, margin / 2, most)
+        if again is not None:
+            found = scale.locate(min(again, allowed), good, min(bounds) if bounds else None, margin / 2, most)
     high = _high(run)  # the compilations just made may bound it
     close = math.floor(good / (1 - margin)) + 1
     if found is None or found < close:
@@ -1406,8 +1445,9 @@ def find_batch_size(
             state sat in); if neither runs, the answer is returned with ``confirmed=False``.
             These calls count against ``max_trials``, which keeps one for them once a trial failed.
         lower: ``lower(n)`` returns the step lowered for batch size ``n`` without running it, so
-            the framework can predict its peak (``Backend.predict_peak``), or that peak in bytes
-            as an int (any framework). None (default): no prediction (torch and TensorFlow have
+            the framework can predict its peak (``Backend.predict_peak``) and its largest single
+            buffer, or that peak in bytes as an int, or the pair ``(peak, largest buffer)`` in
+            bytes (any framework). None (default): no prediction (torch and TensorFlow have
             none to give: their search starts from a small real trial). See "What ``lower=``
             takes" below.
         progress: A line per call of ``step`` (and per compilation) on stderr: size, fit or
@@ -1476,7 +1516,10 @@ def find_batch_size(
     where ``step(n)`` calls ``train(params, opt_state, batch_of(n))`` (a ``jax.stages.Traced``,
     ``Lowered`` or ``Compiled`` all do). The peak is XLA's ``memory_analysis()``: its
     ``peak_memory_in_bytes`` on a GPU, arguments + outputs + temporaries - aliased on the CPU,
-    where XLA's own field leaves the temporaries out. Each size is compiled once, at most
+    where XLA's own field leaves the temporaries out; its largest buffer is the temporaries (one
+    buffer) or the largest argument or output. The step runs the executable the prediction
+    compiled (JAX caches it), so a size run costs no second compilation, provided the batch's
+    shapes are given without a sharding, as above. Each size is compiled once, at most
     ``2 × max_trials`` of them (``compile_calls``); a lowering that runs out of memory means the
     size does not fit; one the framework cannot size is a ``ConfigError`` naming ``lower``
     before any call of ``step``. With ``lower=``, ``limit=`` needs no other figure. The

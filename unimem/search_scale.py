@@ -8,6 +8,11 @@ capacity holds its predicted peak, one that failed says it is below. Both are ke
 "fresh" bytes: the predicted peak, plus the bytes in use beside what the prediction counts
 (``offset``, calibrated from measured peaks), plus what earlier failures left in use.
 
+Where the framework also predicts the step's largest single buffer (XLA's temporaries come as
+one) and reads the largest buffer its allocator can hand out now (``room``: a pool grown on
+demand keeps its regions, so what is free is not all in one piece), a size fits only where both
+hold: its peak under the capacity, and its largest buffer within the room.
+
 No I/O, no framework, no clock: the predictor is a callable, so the scale is tested with
 simulated predictions.
 """
@@ -18,7 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["OVER", "Scale"]
+__all__ = ["OVER", "Prediction", "Scale"]
 
 OVER = 1 << 62  # the predicted peak of a size whose lowering itself ran out of memory
 
@@ -34,15 +39,22 @@ GROWTH = 32
 REACH = 1024
 
 
+# A predicted peak, or the pair (peak, largest single buffer; None when unknown).
+Prediction = int | tuple[int, int | None]
+
+
 @dataclass
 class Scale:
     """What the search knows on the predicted scale. ``predictor(n)`` returns the predicted
-    peak bytes of size ``n`` (``OVER`` when lowering it ran out of memory), or None when it
-    cannot be predicted."""
+    peak bytes of size ``n`` (``OVER`` when lowering it ran out of memory), or the pair (peak,
+    largest single buffer), or None when it cannot be predicted."""
 
-    predictor: Callable[[int], int | None]
+    predictor: Callable[[int], Prediction | None]
     budget: int  # compilations allowed in all
     memo: dict[int, int] = field(default_factory=dict)
+    largest: dict[int, int] = field(default_factory=dict)  # the largest single buffer, where predicted
+    # The largest buffer the allocator can hand out now; None: no bound beside the capacity.
+    room: int | None = None
     compiles: int = 0
     # Measured peak - predicted - bytes earlier failures left, per run that fit with a measured
     # peak: what is in use beside what the predictions count (other arrays, a dataset).
@@ -76,8 +88,25 @@ class Scale:
         value = self.predictor(size)
         if value is None:
             return None
+        if isinstance(value, tuple):
+            value, largest = value
+            if largest is not None:
+                self.largest[size] = int(largest)
         self.memo[size] = int(value)
         return self.memo[size]
+
+    def squeezed(self, size: int) -> bool:
+        """Whether ``size``'s largest buffer is predicted past the room the allocator has now."""
+        return self.room is not None and self.largest.get(size, 0) > self.room
+
+    def _value(self, size: int, allowed: int) -> int:
+        """``size``'s predicted peak, raised so that it is over ``allowed`` exactly when its
+        largest buffer is past the room: one number per size, at most ``allowed`` where both
+        fit, near-linear in the size where each is (a secant can place it)."""
+        peak = self.memo[size]
+        if self.room is None or size not in self.largest or peak >= OVER:
+            return peak
+        return max(peak, allowed - self.room + self.largest[size])
 
     # --- what the runs say ---------------------------------------------------------------------
 
@@ -123,7 +152,8 @@ class Scale:
     def bound(self, limit: int | None, kept_now: int, above: int) -> int | None:
         """One below the smallest compiled size above ``above`` that cannot fit now: predicted past
         the limit, or past what a failure showed the device holds, beside what is in use now (a
-        failure's outputs left in use take room from every later run). None when no compiled size is."""
+        failure's outputs left in use take room from every later run), or with a buffer larger
+        than the allocator can hand out. None when no compiled size is."""
         # A failure's own bound widens by how much the measured peaks have strayed from the
         # predictions (their spread): kept bytes move it by bytes the predictions may misscale.
         spread = max(b for b, _ in self.besides) - min(b for b, _ in self.besides) if self.besides else 0
@@ -135,45 +165,47 @@ class Scale:
         over = [
             n
             for n, p in self.memo.items()
-            if n > above and any(p + self.sure_offset + kept > top for top, kept in tops)
+            if n > above and (self.squeezed(n) or any(p + self.sure_offset + kept > top for top, kept in tops))
         ]
         return min(over) - 1 if over else None
 
     # --- where the next run goes ------------------------------------------------------------------
 
     def locate(self, allowed: int, good: int, high: int | None, tolerance: float, most: int) -> int | None:
-        """The largest size above ``good`` and at most ``high`` predicted at most ``allowed``,
-        to within ``tolerance`` of the size (exactly at 0), in at most ``most`` compilations;
-        None when none above ``good`` is. A secant on the compiled sizes, then the smallest
-        size whose prediction would close the bracket, so a near-linear peak takes three."""
+        """The largest size above ``good`` and at most ``high`` predicted at most ``allowed`` (and
+        its largest buffer within the room), to within ``tolerance`` of the size (exactly at 0),
+        in at most ``most`` compilations; None when none above ``good`` is. A secant on the
+        compiled sizes, then the smallest size whose prediction would close the bracket, so a
+        near-linear peak takes three."""
         low: int | None = None
         for attempt in range(most + 1):
-            inside = [n for n, p in self.memo.items() if p <= allowed and n >= good and (high is None or n <= high)]
+            values = {n: self._value(n, allowed) for n in self.memo}
+            inside = [n for n, v in values.items() if v <= allowed and n >= good and (high is None or n <= high)]
             if not inside:
                 return None
             low = max(inside)
-            above = [n for n, p in self.memo.items() if n > low and p > allowed]
+            above = [n for n, v in values.items() if n > low and v > allowed]
             out = min(above) if above else None
             ends = [x for x in (None if out is None else out - 1, high) if x is not None]
             top = min(ends) if ends else None
             if attempt == most or (top is not None and low >= (1 - tolerance) * top):
                 break
-            size = self._candidate(allowed, low, out, tolerance)
+            size = self._candidate(values, allowed, low, out, tolerance)
             if top is not None:
                 size = min(size, top)
             if size <= low or self.peak(size) is None:
                 break
         return low if low is not None and low > good else None
 
-    def _candidate(self, allowed: int, low: int, out: int | None, tolerance: float) -> int:
+    def _candidate(self, values: dict[int, int], allowed: int, low: int, out: int | None, tolerance: float) -> int:
         """The next size to compile, at least the smallest one that would close the bracket:
         inside a bracket, where the line through its ends crosses ``allowed`` (regula falsi);
         past every compiled size, where the line through ``low`` and the compiled size predicted
         nearest ``allowed`` does (growing at most ``REACH`` times a step)."""
         closing = math.floor(low / (1 - tolerance)) + 1 if tolerance > 0 else low + 1
-        at_low = self.memo[low]
+        at_low = values[low]
         if out is not None:
-            at_out = self.memo[out]
+            at_out = values[out]
             guess = low + (allowed - at_low) * (out - low) / (at_out - at_low) if at_out < OVER else (low + out) / 2
             # Aim a little under the crossing, so that the size most likely fits and the closing
             # size above it ends the bracket: a secant from a far end of a bent line lands just
@@ -181,11 +213,11 @@ class Scale:
             fits_closes = math.ceil((1 - tolerance) * (out - 1))
             aim = fits_closes if guess >= fits_closes else guess * (1 - tolerance / 2)
             return max(closing, min(math.floor(aim), out - 1))
-        others = [(abs(p - allowed), n) for n, p in self.memo.items() if n != low and p < OVER]
+        others = [(abs(v - allowed), n) for n, v in values.items() if n != low and v < OVER]
         slope = 0.0
         if others:
             n = min(others)[1]
-            slope = (self.memo[n] - at_low) / (n - low)
+            slope = (values[n] - at_low) / (n - low)
         if slope <= 0:
             return max(closing, GROWTH * low)
         return max(closing, min(math.floor(low + (allowed - at_low) / slope), REACH * low))

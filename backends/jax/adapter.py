@@ -421,10 +421,20 @@ class JaxBackend(Backend):
 
         return predict_peak(lowered)
 
+    def predict_largest_buffer(self, lowered: Any) -> int | None:
+        from .search import predict_largest_buffer
+
+        return predict_largest_buffer(lowered)
+
     def search_capacity(self, snapshot: MemoryStats) -> int | None:
         from .search import capacity
 
         return capacity(snapshot)
+
+    def search_largest_buffer(self, snapshot: MemoryStats) -> int | None:
+        from .search import largest_buffer
+
+        return largest_buffer(snapshot)
 
     # --- many processes (distributed.py) ---------------------------------------------
     def plan_pin(self, device: int | None, *, per_rank: bool, note: str) -> list[Step]:

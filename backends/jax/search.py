@@ -8,7 +8,7 @@ from typing import Any
 
 from unimem.memory_stats import MemoryStats
 
-__all__ = ["capacity", "explain_step_error", "predict_peak"]
+__all__ = ["capacity", "explain_step_error", "largest_buffer", "predict_largest_buffer", "predict_peak"]
 
 # A failed call deletes the arrays it was given to donate; JAX's own message names no cause.
 _DONATED = (
@@ -34,6 +34,47 @@ def _platform(compiled: Any) -> str | None:
     return None
 
 
+def _compiled(lowered: Any) -> Any:
+    """``lowered`` compiled (a ``Lowered`` caches what it compiled: sizing it twice compiles once)."""
+    stage = lowered
+    if not hasattr(stage, "memory_analysis") and hasattr(stage, "lower") and not hasattr(stage, "compile"):
+        stage = stage.lower()  # a Traced
+    if not hasattr(stage, "memory_analysis") and hasattr(stage, "compile"):
+        stage = stage.compile()  # a Lowered
+    return stage
+
+
+def _nbytes(tree: Any) -> list[int]:
+    """The bytes of each array described in ``tree`` (shapes and dtypes)."""
+    import jax
+    import numpy as np
+
+    sizes = []
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if shape is not None and dtype is not None:
+            sizes.append(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    return sizes
+
+
+def predict_largest_buffer(lowered: Any) -> int | None:
+    """The largest single buffer a run of ``lowered`` allocates: XLA takes all of a program's
+    temporaries as one buffer (on an H200 the request that ran out was exactly
+    ``temp_size_in_bytes``: docs/measurements.md), and each argument and output as its own.
+    None when XLA gives no memory analysis."""
+    stage = _compiled(lowered)
+    analysis = stage.memory_analysis() if hasattr(stage, "memory_analysis") else None
+    if analysis is None:
+        return None
+    sizes = [int(analysis.temp_size_in_bytes)]
+    for info in ("args_info", "out_info"):
+        try:
+            sizes += _nbytes(getattr(stage, info))
+        except Exception:  # an older JAX without it: the temporaries alone
+            continue
+    return max(sizes)
+
+
 def predict_peak(lowered: Any) -> int | None:
     """The peak bytes of ``lowered`` (a ``jax.stages.Traced``, ``Lowered`` or ``Compiled``), or
     None when it is none of those or XLA gives no memory analysis. Compiles what is not compiled.
@@ -43,11 +84,7 @@ def predict_peak(lowered: Any) -> int | None:
     CPU that field counts arguments and outputs only, while the temporaries are allocated too:
     there the peak is arguments + outputs + temporaries - the bytes outputs alias from arguments.
     Both agree with the measured peak (docs/measurements.md, "batch-size search")."""
-    stage = lowered
-    if not hasattr(stage, "memory_analysis") and hasattr(stage, "lower") and not hasattr(stage, "compile"):
-        stage = stage.lower()  # a Traced
-    if not hasattr(stage, "memory_analysis") and hasattr(stage, "compile"):
-        stage = stage.compile()  # a Lowered
+    stage = _compiled(lowered)
     analysis = stage.memory_analysis() if hasattr(stage, "memory_analysis") else None
     if analysis is None:
         return None
@@ -62,6 +99,17 @@ def predict_peak(lowered: Any) -> int | None:
     return held if _platform(stage) == "cpu" or peak <= 0 else peak
 
 
+def largest_buffer(snapshot: MemoryStats) -> int | None:
+    """The largest buffer XLA's allocator can hand out now: its largest free block, or a new
+    region in the room left under the cap, whichever is larger. A pool grown on demand keeps
+    every region it took (compilations take some: XLA autotunes on real buffers), and a buffer
+    is cut from one region. None where the figures are unknown (the CPU)."""
+    limit, pool, block = snapshot.limit, snapshot.reserved, snapshot.largest_free_block
+    if limit is None or pool is None or block is None:
+        return None
+    return max(block, limit - pool)
+
+
 def capacity(snapshot: MemoryStats) -> int | None:
     """The bytes a trial's peak may reach: the cap, less what a pool grown on demand cannot give
     a step. With growth on, XLA's allocator takes regions from the device as it needs them and
@@ -69,8 +117,9 @@ def capacity(snapshot: MemoryStats) -> int | None:
     adds is held to one piece, the room left under the cap or the largest free block, whichever
     is larger (free blocks beside it may take a few small outputs: left out, on the safe side).
     Compilations and runs can grow the pool (XLA autotunes on real buffers), so the search reads
-    this again before each run. An upper bound only: on an H200 the largest step a grown pool ran
-    was 70% of its cap (docs/measurements.md). A preallocated pool is one region: then the cap."""
+    this again before each run. The search uses it where no step's largest buffer is predicted
+    (no ``lower=``); with predictions it holds the peak against the cap and the largest buffer
+    against ``largest_buffer``. A preallocated pool is one region: then the cap."""
     limit, pool, in_use, block = snapshot.limit, snapshot.reserved, snapshot.allocated, snapshot.largest_free_block
     if limit is None or pool is None or in_use is None or block is None or pool >= limit:
         return limit
