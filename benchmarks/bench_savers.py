@@ -237,7 +237,7 @@ def child_search(spec: dict[str, Any], step: Callable[[int], None], lower: Any) 
     """The largest batch ``find_batch_size`` finds for this mode."""
     import unimem
 
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"progress": True}  # a line per trial on stderr, kept on a timeout
     if lower is not None:
         kwargs["lower"] = lower
         if not spec["gpu"]:  # the CPU keeps no figures: hold the predictions against the simulated cap
@@ -246,7 +246,15 @@ def child_search(spec: dict[str, Any], step: Callable[[int], None], lower: Any) 
             kwargs["limit"] = predict_peak(lower(CPU_CAP))
     step(spec["start"])  # warm-up: state, kernels and handles exist before the search
     result = unimem.find_batch_size(step, start=spec["start"], backend=spec["framework"], return_trials=True, **kwargs)
-    return {"largest_batch": result.batch_size, "search_seconds": result.seconds, "notes": list(result.notes)}
+    return {
+        "largest_batch": result.batch_size,
+        "search_seconds": result.seconds,
+        "step_calls": result.step_calls,
+        "failed_calls": result.failed_calls,
+        "compile_calls": result.compile_calls,
+        "trials": [[t.batch_size, t.fits, t.reason, t.peak, t.predicted] for t in result.trials],
+        "notes": list(result.notes),
+    }
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -265,9 +273,15 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def row(
-    framework: str, mode: str, gpu: bool, deadline: float, limit: str | None, search_seconds: float = 300.0
+    framework: str,
+    mode: str,
+    gpu: bool,
+    deadline: float,
+    limit: str | None,
+    search_seconds: float = 300.0,
+    parts: tuple[str, ...] = ("measure", "search"),
 ) -> dict[str, Any]:
-    """One mode in one framework: its measurement and its search, each in a fresh process."""
+    """One mode in one framework: its measurement and its search (``parts``), each in a fresh process."""
     spec = {
         "framework": framework,
         "mode": mode,
@@ -279,12 +293,16 @@ def row(
     }
     out: dict[str, Any] = {"framework": framework, "mode": mode, "batch": spec["batch"], "limit": limit}
     script = str(Path(__file__).resolve())
-    timeout = max(30.0, min(300.0, deadline - time.perf_counter()))
-    measured = benchlib.run_child(script, {**spec, "kind": "measure"}, timeout, cpu_only=not gpu)
-    if "error" in measured:
-        return {**out, "error": measured}
-    out.update({k: measured[k] for k in ("peak_bytes", "host_peak_bytes", "ms_per_sample")})
-    out["detail"] = {"peak_exact": measured["peak_exact"], "note": measured["note"]}
+    out["detail"] = {}
+    if "measure" in parts:
+        timeout = max(30.0, min(300.0, deadline - time.perf_counter()))
+        measured = benchlib.run_child(script, {**spec, "kind": "measure"}, timeout, cpu_only=not gpu)
+        if "error" in measured:
+            return {**out, "error": measured}
+        out.update({k: measured[k] for k in ("peak_bytes", "host_peak_bytes", "ms_per_sample")})
+        out["detail"] = {"peak_exact": measured["peak_exact"], "note": measured["note"]}
+    if "search" not in parts:
+        return out
     timeout = max(30.0, min(search_seconds, deadline - time.perf_counter()))
     searched = benchlib.run_child(script, {**spec, "kind": "search"}, timeout, cpu_only=not gpu)
     out["largest_batch"] = searched.get("largest_batch")
@@ -302,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=1500.0, help="seconds for everything; later rows skip")
     parser.add_argument("--search-seconds", type=float, default=300.0, help="the most one search may take")
     parser.add_argument("--limit", default=None, help="a cap for each process on the GPU, e.g. 40GiB (default: none)")
+    parser.add_argument("--parts", default="measure,search", help="measure, search or both (rows merged later)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -320,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         if deadline - time.perf_counter() < 30:
             result["rows"].append({"framework": framework, "mode": mode, "skipped": "budget"})
             continue
-        result["rows"].append(row(framework, mode, gpu, deadline, args.limit if gpu else None, args.search_seconds))
+        parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+        limit = args.limit if gpu else None
+        result["rows"].append(row(framework, mode, gpu, deadline, limit, args.search_seconds, parts))
         benchlib.write(result, args.out)  # saved as it goes: a run stopped early keeps its rows
     benchlib.write(result, args.out)
     return 0 if all("error" not in r for r in result["rows"]) else 1
