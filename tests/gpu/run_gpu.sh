@@ -56,7 +56,9 @@ ROOT=$PWD
 BENCH=$ROOT/benchmarks
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$WORK/machine.txt"
 python3 -m pip list 2>/dev/null | grep -iE '^(torch|jax|jaxlib|jax-cuda13.*|nvidia-ml-py|pytest) ' >> "$WORK/machine.txt"
-python3 -m pip install -q --no-deps --no-build-isolation . > "$WORK/install.log" 2>&1
+# SKIP_INSTALL=1: a part started beside another that installed it (reinstalling under running
+# processes could break their imports).
+[ -n "${SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-deps --no-build-isolation . > "$WORK/install.log" 2>&1
 # Benchmarks run from a neutral folder, so they import the installed unimem, not this tree.
 cd /tmp || exit 1
 
