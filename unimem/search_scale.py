@@ -200,8 +200,9 @@ class Scale:
     def _candidate(self, values: dict[int, int], allowed: int, low: int, out: int | None, tolerance: float) -> int:
         """The next size to compile, at least the smallest one that would close the bracket:
         inside a bracket, where the line through its ends crosses ``allowed`` (regula falsi);
-        past every compiled size, where the line through ``low`` and the compiled size predicted
-        nearest ``allowed`` does (growing at most ``REACH`` times a step)."""
+        past every compiled size, where the first of the lines through ``low`` and the compiled
+        size predicted nearest ``allowed`` crosses its bound: the peaks ``allowed``, the largest
+        buffers the room (growing at most ``REACH`` times a step)."""
         closing = math.floor(low / (1 - tolerance)) + 1 if tolerance > 0 else low + 1
         at_low = values[low]
         if out is not None:
@@ -214,10 +215,16 @@ class Scale:
             aim = fits_closes if guess >= fits_closes else guess * (1 - tolerance / 2)
             return max(closing, min(math.floor(aim), out - 1))
         others = [(abs(v - allowed), n) for n, v in values.items() if n != low and v < OVER]
-        slope = 0.0
-        if others:
-            n = min(others)[1]
-            slope = (values[n] - at_low) / (n - low)
-        if slope <= 0:
+        if not others:
             return max(closing, GROWTH * low)
-        return max(closing, min(math.floor(low + (allowed - at_low) / slope), REACH * low))
+        n = min(others)[1]
+        # Each bound on its own line: the raised value is flat where a constant buffer (a
+        # parameter) is the largest at small sizes, and its line would cross far past both.
+        lines = [(self.memo, allowed)]
+        if self.room is not None and low in self.largest and n in self.largest:
+            lines.append((self.largest, self.room))
+        slopes = [(line, top, (line[n] - line[low]) / (n - low)) for line, top in lines]
+        crossings = [low + (top - line[low]) / slope for line, top, slope in slopes if slope > 0]
+        if not crossings:
+            return max(closing, GROWTH * low)
+        return max(closing, min(math.floor(min(crossings)), REACH * low))
