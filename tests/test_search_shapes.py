@@ -630,3 +630,13 @@ def test_a_pool_of_regions_holds_the_largest_buffer_against_its_largest_piece(
     # Held against the peak alone, the cap would have placed a size whose temporaries do not fit.
     over_cap = max(n for n in range(found.batch_size, 4 * found.batch_size, 64) if device.need(n) <= device.limit)
     assert not device.fits(over_cap), str(found)
+
+
+@pytest.mark.parametrize("bad", [-1, (-1, 0), (100, -1), (100, 101)])
+def test_a_prediction_no_pool_can_hold_is_refused_before_any_call(simulated: Current, bad: object) -> None:
+    device = Device("linear", 700 * MiB, 64 * MiB, 131_072, room=8 * GiB, limit=8 * GiB)
+    simulated.device = device
+    with pytest.raises(unimem.ConfigError) as raised:
+        unimem.find_batch_size(device.step, start=64, backend="jax", lower=lambda n: bad)
+    assert raised.value.parameter == "lower" and repr(bad) in str(raised.value)
+    assert device.calls == 0

@@ -672,10 +672,16 @@ def _size_lowered(run: _Run, lowered: Any) -> tuple[int, int | None] | None:
     """The predicted peak and largest single buffer of what ``lower(n)`` returned: an int is
     taken as the peak's bytes, a pair of ints as both; else the search's framework sizes it,
     then each one imported (``Backend.predict_peak``, ``Backend.predict_largest_buffer``)."""
-    if _whole(lowered):
-        return lowered, None
-    if isinstance(lowered, tuple) and len(lowered) == 2 and all(map(_whole, lowered)):
-        return lowered[0], lowered[1]
+    pair = isinstance(lowered, tuple) and len(lowered) == 2 and all(map(_whole, lowered))
+    if _whole(lowered) or pair:
+        peak, largest = (lowered, None) if _whole(lowered) else lowered
+        if peak < 0 or (largest is not None and not 0 <= largest <= peak):
+            raise ConfigError(
+                "lower",
+                f"lower() returned {lowered!r}: a peak in bytes is at least 0, and a (peak, largest buffer) "
+                "pair holds a largest buffer between 0 and the peak",
+            )
+        return peak, largest
     adapters = [run.adapter] if run.adapter is not None else []
     adapters += [registry.get_backend(name) for name in registry.imported_frameworks()]
     for adapter in dict.fromkeys(adapters):
