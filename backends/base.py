@@ -596,6 +596,9 @@ class Backend(ABC):
     # The framework may trade compute for memory near its limit (XLA rematerializes), so a step's
     # peak can stop growing with the batch there: peaks measured below it bound nothing above.
     rematerializes: ClassVar[bool] = False
+    # ``predict_peak`` and ``predict_largest_buffer`` may run in several threads at once, each on
+    # its own lowered step: the search then compiles two sizes at a time.
+    predicts_concurrently: ClassVar[bool] = False
 
     def search_capacity(self, snapshot: MemoryStats) -> int | None:
         """Bytes a trial's measured peak may reach: the cap by default.

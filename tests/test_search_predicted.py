@@ -47,6 +47,14 @@ _SEARCH = (
     _STEP
     + r"""
 LIMIT = need(21_000) + 12_345  # the largest size under it: 21000
+import threading
+import unimem.backends.jax.search as jax_search
+sized_in = set()
+_predict_peak = jax_search.predict_peak
+def spy(lowered):  # the threads XLA compiled the predictions in
+    sized_in.add(threading.current_thread().name.rsplit("_", 1)[0])
+    return _predict_peak(lowered)
+jax_search.predict_peak = spy
 calls = []
 def step(n):
     calls.append(n)
@@ -58,6 +66,7 @@ def step(n):
 found = unimem.find_batch_size(step, start=8, backend="jax", lower=lower, limit=LIMIT, return_trials=True)
 R = {"search": found.as_dict(), "calls": calls, "largest": (LIMIT - 8 * D * D) // (16 * D)}
 R["needs"] = {str(n): need(n) for n, _ in found.predictions}
+R["sized_in"] = sorted(sized_in)
 try:
     unimem.find_batch_size(step, start=8, backend="jax", lower=lambda n: object(), limit=LIMIT)
 except unimem.ConfigError as exc:
@@ -114,5 +123,7 @@ def test_predictions_find_the_largest_size_under_the_limit_without_a_failure(nee
     assert all(p >= r["needs"][str(n)] for n, p in search["predictions"]), search["predictions"]
     assert all(t["predicted"] is not None for t in search["trials"])
     assert search["compile_calls"] == len(search["predictions"]) <= 8, search
+    # A placed size and the one closing its bracket compile at once, beside the search's thread.
+    assert r["sized_in"] == ["MainThread", "unimem-compile"], r["sized_in"]
     # lower() that returns nothing JAX can size is a ConfigError before any call of the step.
     assert r["unsizable"] == {"parameter": "lower", "calls_after": r["calls_before"]}

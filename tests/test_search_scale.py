@@ -4,6 +4,7 @@ predicted under a limit (each one costs seconds on a GPU)."""
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -88,3 +89,46 @@ def test_a_largest_buffer_flat_at_small_sizes_does_not_send_the_first_guess_far_
     assert found >= 0.975 * max(fits)
     assert max(scale.memo) <= 4 * found, sorted(scale.memo)
     assert scale.compiles - 2 <= 4, sorted(scale.memo)
+
+
+# The transformer of the search rows on the H200 under an 8 GiB cap with growth on
+# (2026-12-01): XLA's temporaries grow by 121.6 MB a sample from nothing up to 52 and stay near
+# 6.8 GB from 56 on (it rematerializes); the arguments and outputs add 1.26 GB at every size, the
+# parameters and optimizer state in use before the search are 0.60 GB, and the pool left 6.41 GB
+# under the cap as one piece. Every compilation took 23 s there, two at once 31 s.
+ROOM_TRANSFORMER, HELD_TRANSFORMER = 8_554_283_008 - 2_145_386_496, 604_078_336
+
+
+def h200_transformer(n: int) -> tuple[int, int]:
+    temp = min(121_640_000 * n, 6_811_579_160 - min(max(0, n - 56), 8) * 12_000_000)
+    return temp + 1_258_000_000, temp
+
+
+class Rounds:
+    """Predictions as the search compiles them: one size at a time, or several at once (a round)."""
+
+    def __init__(self, predicted: Callable[[int], tuple[int, int]]) -> None:
+        self.predicted = predicted
+        self.rounds: list[list[int]] = []
+
+    def one(self, n: int) -> tuple[int, int]:
+        self.rounds.append([n])
+        return self.predicted(n)
+
+    def many(self, sizes: list[int]) -> list[tuple[int, int]]:
+        self.rounds.append(list(sizes))
+        return [self.predicted(n) for n in sizes]
+
+
+def test_a_transformer_is_placed_in_two_rounds_from_one_compiled_size() -> None:
+    # From batch 2 alone: a line from the bytes held at size 0 lands under the answer (the
+    # outputs at every size make it steeper than the step's own), the two sizes then draw the
+    # temporaries' own line, and its crossing comes with the size that closes the bracket.
+    rounds = Rounds(h200_transformer)
+    scale = Scale(rounds.one, budget=40, predict_many=rounds.many, width=2, room=ROOM_TRANSFORMER)
+    scale.held = HELD_TRANSFORMER
+    scale.peak(2)
+    found = scale.locate(LIMIT_8G, 2, None, 0.025, 6)
+    largest = max(n for n in range(2, 4000) if h200_transformer(n)[1] <= ROOM_TRANSFORMER)
+    assert found == largest == 52, rounds.rounds
+    assert len(rounds.rounds) - 1 <= 2, rounds.rounds

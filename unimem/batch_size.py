@@ -79,6 +79,7 @@ from .accumulation import AccumulationPlan, plan_accumulation
 from .errors import ConfigError, OutOfMemory, UnimemWarning
 from .memory_stats import MemoryStats
 from .oom import _message, clear_frames, find_oom
+from .search_compile import size_all
 from .search_math import (
     fit,
     knee,
@@ -115,6 +116,9 @@ _COSTLY_SECONDS = 1.0
 # Compilations of ``lower(n)`` allowed per trial allowed (``max_trials``), and per size placed.
 _COMPILES_PER_TRIAL = 2
 _COMPILES_PER_PLACEMENT = 6
+# Sizes compiled at once where the framework sizes them in threads: a placed size and the one
+# that closes its bracket (two took 1.3 times one compilation's time on an H200).
+_COMPILE_WIDTH = 2
 # The clock every trial is timed with (the simulated searches in the tests advance their own).
 _clock = time.perf_counter
 # Seconds each rank waits for the others at each agreement, from its own arrival: a trial can
@@ -601,7 +605,8 @@ def _open(settings: _Settings, over: Ranks | None = None) -> _Run:
     run = _Run(settings, progress=Progress(shown), ranks=over)
     run.use(_framework(settings))
     if settings.lower is not None:
-        run.scale = Scale(_predictor(run), budget=_COMPILES_PER_TRIAL * settings.max_trials)
+        many = _predictor(run)
+        run.scale = Scale(lambda n: many([n])[0], _COMPILES_PER_TRIAL * settings.max_trials, many)
     elif settings.limit is not None and settings.measure is None and run.backend is None:
         raise ConfigError(
             "limit",
@@ -619,6 +624,8 @@ def _open(settings: _Settings, over: Ranks | None = None) -> _Run:
     run.baseline = settings.baseline
     if run.baseline is None and settings.measure is None and run.before is not None:
         run.baseline = run.before.allocated
+    if run.scale is not None:
+        run.scale.held = run.baseline
     if run.before is not None and settings.measure is None:
         run.running_peak = run.before.peak_allocated
     if over is not None:
@@ -687,36 +694,40 @@ def _size_lowered(run: _Run, lowered: Any) -> tuple[int, int | None] | None:
     for adapter in dict.fromkeys(adapters):
         value = adapter.predict_peak(lowered)
         if value is not None:
+            if run.scale is not None and adapter.predicts_concurrently:
+                run.scale.width = _COMPILE_WIDTH
             return value, adapter.predict_largest_buffer(lowered)
     return None
 
 
-def _predictor(run: _Run) -> Callable[[int], tuple[int, int | None] | None]:
-    """``n -> predicted peak bytes`` through ``lower=``; a lowering that itself runs out of
-    memory predicts ``OVER`` (the size does not fit), any other error stops the search."""
+def _predictor(run: _Run) -> Callable[[list[int]], list[tuple[int, int | None] | None]]:
+    """``sizes -> predicted (peak, largest buffer)`` through ``lower=``, compiled at once where
+    the scale's rounds are wider than one (``search_compile``); a lowering that itself runs out
+    of memory predicts ``OVER`` (the size does not fit), any other error stops the search."""
     lower = run.settings.lower
     assert lower is not None
 
-    def predict(size: int) -> tuple[int, int | None] | None:
-        t0 = _clock()
-        largest: int | None = None
-        try:
-            sized = _size_lowered(run, lower(size))
-            value, largest = (None, None) if sized is None else sized
-        except Exception as exc:
-            if find_oom(exc) is None:
-                _tell_ranks(run.ranks, "compilation", size, exc)
-                raise
-            clear_frames(exc)  # the lowering's frames may hold arrays of that size
-            value = OVER
-        if run.ranks is not None:
-            # The largest over ranks, so every rank places the same sizes (None: one cannot size it).
-            message = {"kind": "compilation", "size": size, "predicted": value, "largest": largest}
-            answers = run.ranks.exchange(message)
-            value = worst([p["predicted"] for p in answers.values()])
-            largest = worst([p["largest"] for p in answers.values()])
-        run.progress.compiled(size, value, _clock() - t0)
-        return None if value is None else (value, largest)
+    def predict(sizes: list[int]) -> list[tuple[int, int | None] | None]:
+        threads = 1 if run.scale is None else run.scale.width
+        results: list[tuple[int, int | None] | None] = []
+        for size, done in zip(sizes, size_all(lower, lambda x: _size_lowered(run, x), sizes, threads), strict=True):
+            value, largest = (None, None) if done.value is None else done.value
+            if done.error is not None:
+                if find_oom(done.error) is None:
+                    _tell_ranks(run.ranks, "compilation", size, done.error)
+                    raise done.error
+                clear_frames(done.error)  # the lowering's frames may hold arrays of that size
+                value, largest = OVER, None
+            if run.ranks is not None:
+                # The largest over ranks, so every rank places the same sizes (None: one cannot size it).
+                message = {"kind": "compilation", "size": size, "predicted": value, "largest": largest}
+                answers = run.ranks.exchange(message)
+                value = worst([p["predicted"] for p in answers.values()])
+                largest = worst([p["largest"] for p in answers.values()])
+            room = None if run.scale is None else run.scale.room
+            run.progress.compiled(size, value, done.seconds, largest, room)
+            results.append(None if value is None else (value, largest))
+        return results
 
     return predict
 
@@ -1047,6 +1058,10 @@ def _place(run: _Run) -> tuple[int, str] | None:
         return close, "close"
     if share < 1 or high is None:
         return found, "predicted-split" if share < 1 else "predicted"
+    if scale.width > 1:
+        # Placed a little under its line's crossing already, and compiled: a size under it would
+        # cost a compilation more (seconds to minutes), for a hedge the line already took.
+        return found, "predicted"
     # At the limit, a little under the largest size predicted to fit, as far as the answer
     # stays within the margin: the capacity may lie a little under the limit.
     aim = max(math.ceil((1 - margin) * high), math.floor(found * (1 - margin / 4)), good + 1)

@@ -41,10 +41,18 @@ class Progress:
             f"find_batch_size  call {calls}/{budget}  {size:>9}  {outcome}  {shown:<16} {seconds:7.2f} s  ({reason})"
         )
 
-    def compiled(self, size: int, predicted: int | None, seconds: float) -> None:
-        """One compilation of ``lower(size)``: the peak it predicts."""
+    def compiled(
+        self, size: int, predicted: int | None, seconds: float, largest: int | None = None, room: int | None = None
+    ) -> None:
+        """One compilation of ``lower(size)``: the peak it predicts, and its largest buffer
+        against the largest the allocator can hand out, where both are known."""
         shown = "cannot be predicted" if predicted is None else f"predicted {format_bytes(predicted)}"
-        self._print(f"find_batch_size  compiled  {size:>9}  {shown:<22} {seconds:7.2f} s")
+        pieces = (
+            ""
+            if largest is None or room is None
+            else f"  largest buffer {format_bytes(largest)} of {format_bytes(room)}"
+        )
+        self._print(f"find_batch_size  compiled  {size:>9}  {shown:<22} {seconds:7.2f} s{pieces}")
 
 
 def _is_terminal() -> bool:

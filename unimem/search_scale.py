@@ -20,7 +20,7 @@ simulated predictions.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["OVER", "Prediction", "Scale"]
@@ -51,11 +51,20 @@ class Scale:
 
     predictor: Callable[[int], Prediction | None]
     budget: int  # compilations allowed in all
+    # ``sizes -> predictions`` compiled at once (a round costs about one compilation), or None.
+    predict_many: Callable[[list[int]], Sequence[Prediction | None]] | None = None
+    # Sizes a round compiles at once: above 1, the size a line places comes with the size that
+    # would close the bracket if it fits, so one round both places and closes.
+    width: int = 1
+    # Bytes the step holds at size 0 on the predicted scale (its parameters and state), where
+    # known: a line from it through one compiled size places the first extrapolation.
+    held: int | None = None
     memo: dict[int, int] = field(default_factory=dict)
     largest: dict[int, int] = field(default_factory=dict)  # the largest single buffer, where predicted
     # The largest buffer the allocator can hand out now; None: no bound beside the capacity.
     room: int | None = None
     compiles: int = 0
+    unknown: set[int] = field(default_factory=set)  # sizes the framework could not size
     # Measured peak - predicted - bytes earlier failures left, per run that fit with a measured
     # peak: what is in use beside what the predictions count (other arrays, a dataset).
     besides: list[tuple[int, int]] = field(default_factory=list)  # (bytes beside, measured peak)
@@ -80,20 +89,28 @@ class Scale:
 
     def peak(self, size: int) -> int | None:
         """The predicted peak of ``size``, compiled once; None when the budget is spent or it cannot be predicted."""
-        if size in self.memo:
-            return self.memo[size]
-        if self.compiles >= self.budget:
-            return None
-        self.compiles += 1
-        value = self.predictor(size)
-        if value is None:
-            return None
-        if isinstance(value, tuple):
-            value, largest = value
-            if largest is not None:
-                self.largest[size] = int(largest)
-        self.memo[size] = int(value)
-        return self.memo[size]
+        self.peaks([size])
+        return self.memo.get(size)
+
+    def peaks(self, sizes: list[int]) -> None:
+        """Compile each of ``sizes`` not compiled yet, as the budget allows: at once where the
+        framework can (``predict_many``), else one after another."""
+        todo = [n for n in dict.fromkeys(sizes) if n not in self.memo and n not in self.unknown]
+        todo = todo[: max(0, self.budget - self.compiles)]
+        if not todo:
+            return
+        self.compiles += len(todo)
+        many = self.predict_many is not None and len(todo) > 1
+        values = self.predict_many(todo) if many and self.predict_many else [self.predictor(n) for n in todo]
+        for size, value in zip(todo, values, strict=True):
+            if value is None:
+                self.unknown.add(size)
+                continue
+            if isinstance(value, tuple):
+                value, largest = value
+                if largest is not None:
+                    self.largest[size] = int(largest)
+            self.memo[size] = int(value)
 
     def squeezed(self, size: int) -> bool:
         """Whether ``size``'s largest buffer is predicted past the room the allocator has now."""
@@ -190,33 +207,45 @@ class Scale:
             top = min(ends) if ends else None
             if attempt == most or (top is not None and low >= (1 - tolerance) * top):
                 break
-            size = self._candidate(values, allowed, low, out, tolerance)
+            size, lined = self._candidate(values, allowed, low, out, tolerance)
             if top is not None:
                 size = min(size, top)
-            if size <= low or self.peak(size) is None:
+            if size <= low:
+                break
+            # With rounds wider than one, a size a line placed comes with the size that closes
+            # the bracket if it fits: one round places and closes where the line holds.
+            closes = math.floor(size / (1 - tolerance)) + 1 if tolerance > 0 else size + 1
+            pair = self.width > 1 and lined and (top is None or closes <= top)
+            self.peaks([size, closes] if pair else [size])
+            if size not in self.memo:
                 break
         return low if low is not None and low > good else None
 
-    def _candidate(self, values: dict[int, int], allowed: int, low: int, out: int | None, tolerance: float) -> int:
-        """The next size to compile, at least the smallest one that would close the bracket:
-        inside a bracket, where the line through its ends crosses ``allowed`` (regula falsi);
-        past every compiled size, where the first of the lines through ``low`` and the compiled
-        size predicted nearest ``allowed`` crosses its bound: the peaks ``allowed``, the largest
-        buffers the room (growing at most ``REACH`` times a step)."""
+    def _candidate(
+        self, values: dict[int, int], allowed: int, low: int, out: int | None, tolerance: float
+    ) -> tuple[int, bool]:
+        """The next size to compile, at least the smallest one that would close the bracket, and
+        whether a line through two compiled sizes placed it: inside a bracket, where the line
+        through its ends crosses ``allowed`` (regula falsi); past every compiled size, where the
+        first of the lines through ``low`` and the compiled size predicted nearest ``allowed``
+        crosses its bound: the peaks ``allowed``, the largest buffers the room (growing at most
+        ``REACH`` times a step). With ``low`` alone, lines from what the step holds at size 0."""
         closing = math.floor(low / (1 - tolerance)) + 1 if tolerance > 0 else low + 1
         at_low = values[low]
         if out is not None:
             at_out = values[out]
-            guess = low + (allowed - at_low) * (out - low) / (at_out - at_low) if at_out < OVER else (low + out) / 2
+            if at_out >= OVER:
+                return max(closing, (low + out) // 2), False
+            guess = low + (allowed - at_low) * (out - low) / (at_out - at_low)
             # Aim a little under the crossing, so that the size most likely fits and the closing
             # size above it ends the bracket: a secant from a far end of a bent line lands just
             # past the crossing again and again (seen on a GPU: three compilations 0.4% apart).
             fits_closes = math.ceil((1 - tolerance) * (out - 1))
             aim = fits_closes if guess >= fits_closes else guess * (1 - tolerance / 2)
-            return max(closing, min(math.floor(aim), out - 1))
+            return max(closing, min(math.floor(aim), out - 1)), True
         others = [(abs(v - allowed), n) for n, v in values.items() if n != low and v < OVER]
         if not others:
-            return max(closing, GROWTH * low)
+            return max(closing, self._first_reach(low, allowed)), False
         n = min(others)[1]
         # Each bound on its own line: the raised value is flat where a constant buffer (a
         # parameter) is the largest at small sizes, and its line would cross far past both.
@@ -226,5 +255,22 @@ class Scale:
         slopes = [(line, top, (line[n] - line[low]) / (n - low)) for line, top in lines]
         crossings = [low + (top - line[low]) / slope for line, top, slope in slopes if slope > 0]
         if not crossings:
-            return max(closing, GROWTH * low)
-        return max(closing, min(math.floor(min(crossings)), REACH * low))
+            return max(closing, GROWTH * low), False
+        return max(closing, min(math.floor(min(crossings)), REACH * low)), True
+
+    def _first_reach(self, low: int, allowed: int) -> int:
+        """Where to compile next from one compiled size: where the first of two lines crosses
+        its bound, the peaks' from what the step holds at size 0 and the largest buffers' from
+        none (a step's temporaries grow from nothing). Each line is at least as steep as the
+        step's own where buffers held at every size only add to ``low``'s figures, so the size
+        lands at or under its crossing, and the two compiled sizes then draw the step's own
+        lines; ``GROWTH`` times ``low`` where neither line rises."""
+        crossings = []
+        held = None if self.held is None else self.held - self.offset  # on the predicted scale
+        if held is not None and self.memo[low] > held:
+            crossings.append(low * (allowed - held) / (self.memo[low] - held))
+        if self.room is not None and self.largest.get(low, 0) > 0:
+            crossings.append(low * self.room / self.largest[low])
+        if not crossings:
+            return GROWTH * low
+        return min(math.floor(min(crossings)), REACH * low)

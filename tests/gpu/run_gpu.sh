@@ -33,6 +33,8 @@
 #                         on and off), predicted peaks and the largest step a fresh process runs;
 #                         extra arguments go to the script
 #                                                                    -> jax_growth_capacity-gpu.json
+#   jax-compile-cost      what one compilation of the JAX transformer's step costs, one after
+#                         another and several in threads at once     -> jax_compile_cost-gpu-h200.json
 #
 # Output files are named as in benchmarks/results/ (and evidence/gpu.json), so they are
 # copied over as they are; docs/measurements.md quotes them. unimem is installed from this
@@ -43,7 +45,7 @@
 #
 #   usage: bash tests/gpu/run_gpu.sh PART [ARGS...]
 set -uo pipefail
-PART=${1:?usage: run_gpu.sh suite|latency|search-tests|search-torch|search-jax|search-jax-baselines|oom-latency|jax-process-growth|monitor|precision|sharing|compare|search-rows|savers|cupy-search|jax-capacity}
+PART=${1:?usage: run_gpu.sh suite|latency|search-tests|search-torch|search-jax|search-jax-baselines|oom-latency|jax-process-growth|monitor|precision|sharing|compare|search-rows|savers|cupy-search|jax-capacity|jax-compile-cost}
 shift
 OUT=${OUT:-/tmp/unimem-out}
 KNOWN_LARGEST=${KNOWN_LARGEST:-15617:16438}
@@ -143,6 +145,10 @@ case "$PART" in
   jax-capacity)
     timeout 500 python3 "$BENCH/scripts/jax_growth_capacity.py" --out "$WORK/jax_growth_capacity-gpu.json" \
       --budget 420 "$@" > "$WORK/jax-capacity.log" 2>&1
+    ;;
+  jax-compile-cost)
+    timeout 500 python3 "$BENCH/scripts/jax_compile_cost.py" --out "$WORK/jax_compile_cost-gpu-h200.json" \
+      --timeout 460 "$@" > "$WORK/jax-compile-cost.log" 2>&1
     ;;
   *)
     echo "run_gpu.sh: unknown part '$PART'" >&2
