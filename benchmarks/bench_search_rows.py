@@ -16,7 +16,8 @@ its re-runs), ``failed_calls``, ``compile_calls`` (sizes compiled to predict the
 ``seconds`` (the search's wall time, compilations included), ``same_process_ok`` (ten training
 steps at the answer ran in the searching process afterwards). ``true_max`` is the upper end of
 a bracket that fresh processes confirm: the answer runs in one, and one above the bracket's
-upper end (the search's smallest failure, or the smallest size XLA predicts past the limit)
+upper end (the search's smallest failure, or the smallest size it compiled above the answer:
+XLA predicted its peak past the limit or its largest buffer past the allocator's room)
 fails in another (``true_max_confirmed``: both did), then bisected in fresh processes while
 wider than 1% and time is left. Shares against it are lower bounds.
 
@@ -322,6 +323,9 @@ def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
     over = [n for n, p in result.predictions if limit is not None and p > limit]
     ends = [] if result.smallest_failure is None else [result.smallest_failure - 1]
     ends += [min(over) - 1] if over else []
+    # Every size compiled above the answer was predicted not to fit now (its peak or its largest buffer).
+    above = [n for n, _ in result.predictions if result.batch_size and n > result.batch_size]
+    ends += [min(above) - 1] if above else []
     t0 = time.perf_counter()
     same = _ten_steps(work.step, result.batch_size)
     return {
@@ -464,7 +468,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    return benchlib.run_child(str(Path(__file__).resolve()), spec, timeout, cpu_only=not spec["gpu"])
+    keep = spec.get("kind") == "search"  # its progress lines: each compilation's seconds
+    return benchlib.run_child(str(Path(__file__).resolve()), spec, timeout, cpu_only=not spec["gpu"], keep_stderr=keep)
 
 
 def base_spec(name: str, gpu: bool) -> dict[str, Any]:

@@ -99,7 +99,9 @@ def write(result: dict[str, Any], out: str | None) -> None:
         print(f"wrote {out}", file=sys.stderr)
 
 
-def run_child(script: str, spec: dict[str, Any], timeout: float, *, cpu_only: bool) -> dict[str, Any]:
+def run_child(
+    script: str, spec: dict[str, Any], timeout: float, *, cpu_only: bool, keep_stderr: bool = False
+) -> dict[str, Any]:
     """Run ``script --child <spec as JSON>`` in a fresh interpreter, with none of the settings
     unimem or the frameworks read from the environment, and return the JSON it printed after
     ``RESULT_MARK``; else ``{"error": ...}`` with the output's tail (all of it on a timeout,
@@ -123,5 +125,7 @@ def run_child(script: str, spec: dict[str, Any], timeout: float, *, cpu_only: bo
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(RESULT_MARK):
             result: dict[str, Any] = json.loads(line[len(RESULT_MARK) :])
+            if keep_stderr:  # what the child said as it went (progress lines), kept beside its figures
+                result["stderr_tail"] = done.stderr[-4000:]
             return result
     return {"error": f"exit {done.returncode}", "stderr": done.stderr[-2000:]}

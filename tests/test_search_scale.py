@@ -120,10 +120,10 @@ class Rounds:
         return [self.predicted(n) for n in sizes]
 
 
-def test_a_transformer_is_placed_in_two_rounds_from_one_compiled_size() -> None:
-    # From batch 2 alone: a line from the bytes held at size 0 lands under the answer (the
-    # outputs at every size make it steeper than the step's own), the two sizes then draw the
-    # temporaries' own line, and its crossing comes with the size that closes the bracket.
+def test_a_transformer_is_placed_in_one_round_from_one_compiled_size() -> None:
+    # From batch 2 alone: a line from zero through its temporaries crosses the room near the
+    # answer; the size a little under that crossing and the size closing the bracket above it,
+    # compiled at once, end the placement (each round cost 31 s there).
     rounds = Rounds(h200_transformer)
     scale = Scale(rounds.one, budget=40, predict_many=rounds.many, width=2, room=ROOM_TRANSFORMER)
     scale.held = HELD_TRANSFORMER
@@ -131,4 +131,20 @@ def test_a_transformer_is_placed_in_two_rounds_from_one_compiled_size() -> None:
     found = scale.locate(LIMIT_8G, 2, None, 0.025, 6)
     largest = max(n for n in range(2, 4000) if h200_transformer(n)[1] <= ROOM_TRANSFORMER)
     assert found == largest == 52, rounds.rounds
-    assert len(rounds.rounds) - 1 <= 2, rounds.rounds
+    assert rounds.rounds[1:] == [[52, 54]], rounds.rounds
+
+
+def test_a_parameter_as_the_largest_buffer_places_the_first_round_under_the_answer() -> None:
+    # At 64 the MLP's largest buffer is a parameter: the line from zero through it is far steeper
+    # than the temporaries' own, so the first round lands under the answer and the next draws
+    # the step's own lines; no round compiles a size far past the answer.
+    rounds = Rounds(h200_mlp_pieces)
+    scale = Scale(rounds.one, budget=40, predict_many=rounds.many, width=2, room=ROOM_8G)
+    scale.held = 704_852_224
+    scale.peak(64)
+    found = scale.locate(LIMIT_8G, 64, None, 0.025, 6)
+    fits = [n for n in range(40000, 70000, 16) if h200_mlp_pieces(n)[1] <= ROOM_8G]
+    assert found is not None and h200_mlp_pieces(found)[1] <= ROOM_8G and found >= 0.975 * max(fits)
+    assert all(h200_mlp_pieces(n)[1] <= ROOM_8G for n in rounds.rounds[1]), rounds.rounds
+    assert max(n for r in rounds.rounds for n in r) <= 1.1 * max(fits), rounds.rounds
+    assert len(rounds.rounds) - 1 <= 3, rounds.rounds

@@ -406,7 +406,9 @@ def test_a_costly_failure_makes_the_search_approach_from_below(simulated: Curren
         simulated.device = device
         h200[seconds] = search(device, "stats-unresettable", start=8, max_trials=20).failed_calls
     assert h200[25.0] < h200[0.001], h200
-    costly, cheap = failures(25.0, "exact", 3, 60), failures(0.001, "exact", 3, 60)
+    # Over many devices, never more failures when they are costly (one seed's 60 differ by one either way).
+    costly = sum(failures(25.0, "exact", seed, 60) for seed in range(1, 5))
+    cheap = sum(failures(0.001, "exact", seed, 60) for seed in range(1, 5))
     assert costly <= cheap, (costly, cheap)
 
 

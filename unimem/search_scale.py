@@ -207,45 +207,50 @@ class Scale:
             top = min(ends) if ends else None
             if attempt == most or (top is not None and low >= (1 - tolerance) * top):
                 break
-            size, lined = self._candidate(values, allowed, low, out, tolerance)
+            size, also = self._candidate(values, allowed, low, out, tolerance)
             if top is not None:
                 size = min(size, top)
             if size <= low:
                 break
-            # With rounds wider than one, a size a line placed comes with the size that closes
-            # the bracket if it fits: one round places and closes where the line holds.
-            closes = math.floor(size / (1 - tolerance)) + 1 if tolerance > 0 else size + 1
-            pair = self.width > 1 and lined and (top is None or closes <= top)
-            self.peaks([size, closes] if pair else [size])
+            # Rounds wider than one compile the size placed with the one that would tell the most
+            # beside it (``_candidate``): one round can both place and close the bracket.
+            beside = [n for n in also if n > size and (top is None or n <= top)][: self.width - 1]
+            self.peaks([size, *beside])
             if size not in self.memo:
                 break
         return low if low is not None and low > good else None
 
     def _candidate(
         self, values: dict[int, int], allowed: int, low: int, out: int | None, tolerance: float
-    ) -> tuple[int, bool]:
+    ) -> tuple[int, list[int]]:
         """The next size to compile, at least the smallest one that would close the bracket, and
-        whether a line through two compiled sizes placed it: inside a bracket, where the line
-        through its ends crosses ``allowed`` (regula falsi); past every compiled size, where the
-        first of the lines through ``low`` and the compiled size predicted nearest ``allowed``
-        crosses its bound: the peaks ``allowed``, the largest buffers the room (growing at most
-        ``REACH`` times a step). With ``low`` alone, lines from what the step holds at size 0."""
+        the sizes worth compiling beside it: inside a bracket, where the line through its ends
+        crosses ``allowed`` (regula falsi); past every compiled size, where the first of the
+        lines through ``low`` and the compiled size predicted nearest ``allowed`` crosses its
+        bound: the peaks ``allowed``, the largest buffers the room (growing at most ``REACH``
+        times a step). A line's size comes a little under its crossing, with the size that
+        closes the bracket if it fits beside it; from ``low`` alone, see ``_first_reach``."""
         closing = math.floor(low / (1 - tolerance)) + 1 if tolerance > 0 else low + 1
         at_low = values[low]
         if out is not None:
             at_out = values[out]
             if at_out >= OVER:
-                return max(closing, (low + out) // 2), False
+                return max(closing, (low + out) // 2), []
             guess = low + (allowed - at_low) * (out - low) / (at_out - at_low)
             # Aim a little under the crossing, so that the size most likely fits and the closing
             # size above it ends the bracket: a secant from a far end of a bent line lands just
             # past the crossing again and again (seen on a GPU: three compilations 0.4% apart).
             fits_closes = math.ceil((1 - tolerance) * (out - 1))
             aim = fits_closes if guess >= fits_closes else guess * (1 - tolerance / 2)
-            return max(closing, min(math.floor(aim), out - 1)), True
-        others = [(abs(v - allowed), n) for n, v in values.items() if n != low and v < OVER]
+            size = max(closing, min(math.floor(aim), out - 1))
+            return size, [self._closes(size, tolerance)]
+        # The line's other end at least twice the tolerance under ``low``: XLA's predictions are
+        # not smooth from one size to the next, and a short line would magnify their steps.
+        others = [(abs(v - allowed), n) for n, v in values.items() if n < (1 - 2 * tolerance) * low and v < OVER]
+        others = others or [(abs(v - allowed), n) for n, v in values.items() if n != low and v < OVER]
         if not others:
-            return max(closing, self._first_reach(low, allowed)), False
+            size, also = self._first_reach(low, allowed, tolerance)
+            return max(closing, size), also
         n = min(others)[1]
         # Each bound on its own line: the raised value is flat where a constant buffer (a
         # parameter) is the largest at small sizes, and its line would cross far past both.
@@ -255,22 +260,29 @@ class Scale:
         slopes = [(line, top, (line[n] - line[low]) / (n - low)) for line, top in lines]
         crossings = [low + (top - line[low]) / slope for line, top, slope in slopes if slope > 0]
         if not crossings:
-            return max(closing, GROWTH * low), False
-        return max(closing, min(math.floor(min(crossings)), REACH * low)), True
+            return max(closing, GROWTH * low), []
+        crossing = min(min(crossings), REACH * low)
+        size = max(closing, math.floor(crossing * (1 - tolerance / 2)))
+        return size, [self._closes(size, tolerance)]
 
-    def _first_reach(self, low: int, allowed: int) -> int:
-        """Where to compile next from one compiled size: where the first of two lines crosses
-        its bound, the peaks' from what the step holds at size 0 and the largest buffers' from
-        none (a step's temporaries grow from nothing). Each line is at least as steep as the
-        step's own where buffers held at every size only add to ``low``'s figures, so the size
-        lands at or under its crossing, and the two compiled sizes then draw the step's own
-        lines; ``GROWTH`` times ``low`` where neither line rises."""
-        crossings = []
+    @staticmethod
+    def _closes(size: int, tolerance: float) -> int:
+        """The smallest size whose failure to fit would leave ``size`` within the tolerance."""
+        return math.floor(size / (1 - tolerance)) + 1 if tolerance > 0 else size + 1
+
+    def _first_reach(self, low: int, allowed: int, tolerance: float) -> tuple[int, list[int]]:
+        """Where to compile next from one compiled size, and beside it: where a line from zero
+        through ``low``'s largest buffer crosses the room (a step's temporaries grow from
+        nothing; a buffer held at every size makes the line steeper than the step's own, so
+        the size lands at or under its crossing), a little under it with the size that closes
+        the bracket beside; without one, where a line from what the step holds at size 0
+        through ``low``'s peak crosses ``allowed`` (steeper than the step's own where buffers
+        held at every size add to ``low``'s peak); ``GROWTH`` times ``low`` where neither rises."""
+        if self.room is not None and self.largest.get(low, 0) > 0:
+            crossing = min(low * self.room / self.largest[low], REACH * low)
+            size = math.floor(crossing * (1 - tolerance / 2))
+            return size, [self._closes(size, tolerance)]
         held = None if self.held is None else self.held - self.offset  # on the predicted scale
         if held is not None and self.memo[low] > held:
-            crossings.append(low * (allowed - held) / (self.memo[low] - held))
-        if self.room is not None and self.largest.get(low, 0) > 0:
-            crossings.append(low * self.room / self.largest[low])
-        if not crossings:
-            return GROWTH * low
-        return min(math.floor(min(crossings)), REACH * low)
+            return min(math.floor(low * (allowed - held) / (self.memo[low] - held)), REACH * low), []
+        return GROWTH * low, []
