@@ -130,8 +130,8 @@ def test_a_transformer_that_rematerializes_is_placed_in_three_rounds() -> None:
     # From batch 2 alone: the nearer line lands under the answer, twice it beside; the line
     # between those two crosses the room near the answer, and comes with the size that closes
     # the bracket. Past 52 the temporaries stay flat over the room: a line through them creeps
-    # (on the H200, eleven compilations from 92 down to 71), so a round that raised nothing
-    # halves the bracket instead.
+    # (on the H200, eleven compilations from 92 down to 71), so a bracket two rounds left over
+    # half as wide is halved instead.
     rounds = Rounds(h200_transformer)
     scale = Scale(rounds.one, budget=40, predict_many=rounds.many, width=2, room=ROOM_TRANSFORMER)
     scale.held = HELD_TRANSFORMER
@@ -145,7 +145,7 @@ def test_a_transformer_that_rematerializes_is_placed_in_three_rounds() -> None:
 
 def test_a_line_through_a_flat_stretch_halves_the_bracket_instead_of_creeping() -> None:
     # Only 2 fits and 92 does not: the line between them crosses the room just under 92 again
-    # and again (the temporaries are flat there); two rounds in a row that raise nothing halve.
+    # and again (the temporaries are flat there); two rounds that leave it over half as wide halve it.
     rounds = Rounds(h200_transformer)
     scale = Scale(rounds.one, budget=40, predict_many=rounds.many, width=2, room=ROOM_TRANSFORMER)
     scale.peak(2), scale.peak(92)

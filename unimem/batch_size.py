@@ -81,6 +81,7 @@ from .memory_stats import MemoryStats
 from .oom import _message, clear_frames, find_oom
 from .search_compile import size_all
 from .search_math import (
+    closing,
     fit,
     knee,
     line_bound,
@@ -1013,7 +1014,7 @@ def _choose(run: _Run, convex: bool) -> tuple[int, str]:
     high = _high(run)
     # The close step is exempt: it ends the search if it fails, and gains the margin if not.
     if high is not None and reason != "close" and stalled(run.brackets, linear):
-        close = math.floor(run.good / (1 - run.settings.margin)) + 1
+        close = closing(run.good, run.settings.margin)
         size, reason = max(split(run.good, high, 1 / 3 if cautious else 0.5, linear), close), "bisect"
     return (size if high is None else min(size, high)), reason
 
@@ -1048,7 +1049,7 @@ def _place(run: _Run) -> tuple[int, str] | None:
         if again is not None:
             found = scale.locate(min(again, allowed), good, min(bounds) if bounds else None, margin / 2, most)
     high = _high(run)  # the compilations just made may bound it
-    close = math.floor(good / (1 - margin)) + 1
+    close = closing(good, margin)
     if found is None or found < close:
         # Less than a margin to gain at the target: the smallest size that ends the search
         # either way, where it may still fit (compiled first: predicted past the limit, it

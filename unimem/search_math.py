@@ -220,7 +220,7 @@ def next_size(
             middle = math.floor(math.sqrt(base * top))
         size = max(low, middle)
         reason = "predict-far" if top == predicted else "bisect"
-    close = math.floor(good / (1 - margin)) + 1
+    close = closing(good, margin)
     if saturated:
         size, reason = math.floor(good / (1 - margin) ** (2 ** max(0, streak - 2))) + 1, "saturated"
     if size < close:
@@ -238,6 +238,12 @@ def log_width(good: int, high: int | None) -> float | None:
     if high is None or good < 1:
         return None
     return math.log(high / good) if high > good else 0.0
+
+
+def closing(good: int, margin: float) -> int:
+    """The smallest size whose failure to fit leaves ``good`` within ``margin`` of the largest
+    that fits: trying it either ends the search or gains the margin."""
+    return math.floor(good / (1 - margin)) + 1
 
 
 def split(good: int, high: int, share: float = 0.5, linear: bool = False) -> int:

@@ -23,6 +23,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .search_math import closing, split, stalled
+
 __all__ = ["OVER", "Prediction", "Scale"]
 
 OVER = 1 << 62  # the predicted peak of a size whose lowering itself ran out of memory
@@ -100,8 +102,8 @@ class Scale:
         if not todo:
             return
         self.compiles += len(todo)
-        many = self.predict_many is not None and len(todo) > 1
-        values = self.predict_many(todo) if many and self.predict_many else [self.predictor(n) for n in todo]
+        many = self.predict_many if self.predict_many is not None and len(todo) > 1 else None
+        values = many(todo) if many is not None else [self.predictor(n) for n in todo]
         for size, value in zip(todo, values, strict=True):
             if value is None:
                 self.unknown.add(size)
@@ -195,7 +197,7 @@ class Scale:
         compiled sizes, then the smallest size whose prediction would close the bracket, so a
         near-linear peak takes three."""
         low: int | None = None
-        stuck = 0  # rounds in a row inside a bracket that raised nothing: the line misses on one side
+        brackets: list[tuple[int, int]] = []  # (largest fitting, smallest not) after each round
         for attempt in range(most + 1):
             values = {n: self._value(n, allowed) for n in self.memo}
             inside = [n for n, v in values.items() if v <= allowed and n >= good and (high is None or n <= high)]
@@ -209,10 +211,12 @@ class Scale:
             if attempt == most or (top is not None and low >= (1 - tolerance) * top):
                 break
             size, also = self._candidate(values, allowed, low, out, tolerance)
-            if out is not None and stuck >= 2:
+            brackets += [] if out is None else [(low, out)]
+            # The size that closes the bracket is exempt: it ends the placement if it misses.
+            if out is not None and size > closing(low, tolerance) and stalled(brackets, linear=True):
                 # A flat stretch (XLA rematerializes) or a bend drags the line's crossing just
                 # under the last size that missed, round after round: halve the bracket instead.
-                size, also = max(self._closes(low, tolerance), (low + out) // 2), []
+                size, also = max(closing(low, tolerance), split(low, out - 1, linear=True)), []
             if top is not None:
                 size = min(size, top)
             if size <= low:
@@ -223,8 +227,6 @@ class Scale:
             self.peaks([size, *beside])
             if size not in self.memo:
                 break
-            raised = any(n in self.memo and self._value(n, allowed) <= allowed for n in (size, *beside))
-            stuck = 0 if raised or out is None else stuck + 1
         return low if low is not None and low > good else None
 
     def _candidate(
@@ -237,27 +239,27 @@ class Scale:
         bound: the peaks ``allowed``, the largest buffers the room (growing at most ``REACH``
         times a step). A line's size comes a little under its crossing, with the size that
         closes the bracket if it fits beside it; from ``low`` alone, see ``_first_reach``."""
-        closing = math.floor(low / (1 - tolerance)) + 1 if tolerance > 0 else low + 1
+        close = closing(low, tolerance)
         at_low = values[low]
         if out is not None:
             at_out = values[out]
             if at_out >= OVER:
-                return max(closing, (low + out) // 2), []
+                return max(close, (low + out) // 2), []
             guess = low + (allowed - at_low) * (out - low) / (at_out - at_low)
             # Aim a little under the crossing, so that the size most likely fits and the closing
             # size above it ends the bracket: a secant from a far end of a bent line lands just
             # past the crossing again and again (seen on a GPU: three compilations 0.4% apart).
             fits_closes = math.ceil((1 - tolerance) * (out - 1))
             aim = fits_closes if guess >= fits_closes else guess * (1 - tolerance / 2)
-            size = max(closing, min(math.floor(aim), out - 1))
-            return size, [self._closes(size, tolerance)]
+            size = max(close, min(math.floor(aim), out - 1))
+            return size, [closing(size, tolerance)]
         # The line's other end at least twice the tolerance under ``low``: XLA's predictions are
         # not smooth from one size to the next, and a short line would magnify their steps.
         others = [(abs(v - allowed), n) for n, v in values.items() if n < (1 - 2 * tolerance) * low and v < OVER]
         others = others or [(abs(v - allowed), n) for n, v in values.items() if n != low and v < OVER]
         if not others:
             size, also = self._first_reach(low, allowed)
-            return max(closing, size), also
+            return max(close, size), also
         n = min(others)[1]
         # Each bound on its own line: the raised value is flat where a constant buffer (a
         # parameter) is the largest at small sizes, and its line would cross far past both.
@@ -267,15 +269,10 @@ class Scale:
         slopes = [(line, top, (line[n] - line[low]) / (n - low)) for line, top in lines]
         crossings = [low + (top - line[low]) / slope for line, top, slope in slopes if slope > 0]
         if not crossings:
-            return max(closing, GROWTH * low), []
+            return max(close, GROWTH * low), []
         crossing = min(min(crossings), REACH * low)
-        size = max(closing, math.floor(crossing * (1 - tolerance / 2)))
-        return size, [self._closes(size, tolerance)]
-
-    @staticmethod
-    def _closes(size: int, tolerance: float) -> int:
-        """The smallest size whose failure to fit would leave ``size`` within the tolerance."""
-        return math.floor(size / (1 - tolerance)) + 1 if tolerance > 0 else size + 1
+        size = max(close, math.floor(crossing * (1 - tolerance / 2)))
+        return size, [closing(size, tolerance)]
 
     def _first_reach(self, low: int, allowed: int) -> tuple[int, list[int]]:
         """Where to compile next from one compiled size, and beside it: where the nearer of two
