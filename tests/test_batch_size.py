@@ -226,6 +226,8 @@ class Need:
     measured=st.booleans(),
     noise=st.sampled_from([0.0, 0.02]),
 )
+# Readings 2% high at 906 and low at 860 once made a straight need look clamped at the cap.
+@example(a=0, b=6, true_max=919, start=49, margin=0.0, measured=True, noise=0.02)
 def test_the_answer_is_always_within_the_margin(
     a: int, b: int, true_max: int, start: int, margin: float, measured: bool, noise: float
 ) -> None:

@@ -332,17 +332,21 @@ def knee(points: list[tuple[int, int]], limit: int | None) -> int | None:
 
 def ran_past_the_cap(points: list[tuple[int, int]], limit: int, good: int) -> tuple[int, int] | None:
     """The smallest size whose peak reached the limit while ``good``, larger, still ran
-    though the peaks' own slope just below that size says it needs 2% more than the limit.
-    A peak above the limit does not count: the limit did not bind it (a noisy reading, or a
-    limit under the real cap), so it shows no memory saved to fit."""
+    though the peaks' own slope below that size says it needs 2% more than the limit, even
+    with each reading off by ``PEAK_NOISE`` the way that flattens the slope most. The slope
+    runs from the nearest size ``SPREAD`` times smaller where there is one (two readings only
+    5% apart, each 1% off, move a slope by 40%), else from the nearest 5% smaller. A peak above
+    the limit does not count: the limit did not bind it (a noisy reading, or a limit under the
+    real cap), so it shows no memory saved to fit."""
     ordered = sorted(points)
     for i, (n, peak) in enumerate(ordered):
-        below = [(m, q) for m, q in ordered[:i] if 1.05 * m <= n]
+        below = [(m, q) for m, q in ordered[:i] if SPREAD * m <= n] or [(m, q) for m, q in ordered[:i] if 1.05 * m <= n]
         if n >= good or not 0.99 * limit <= peak <= limit or not below:
             continue
         m, q = below[-1]
-        slope = (peak - q) / (n - m)
-        if slope > 0 and peak + slope * (good - n) > 1.02 * limit:
+        low, high = peak * (1 - PEAK_NOISE), q * (1 + PEAK_NOISE)
+        slope = (low - high) / (n - m)
+        if slope > 0 and low + slope * (good - n) > 1.02 * limit:
             return n, peak
     return None
 
