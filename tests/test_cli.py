@@ -298,8 +298,38 @@ def test_stats_pid_without_nvml_gives_the_host_memory_of_that_process() -> None:
     data = json.loads(_unimem("stats", "--pid", str(os.getpid()), "--json").stdout)
     assert data["pid"] == os.getpid() and data["exists"] is True
     assert data["processes"] == [] and data["host_rss"] > 0
-    gone = json.loads(_unimem("stats", "--pid", "99999999", "--json").stdout)
-    assert gone["exists"] is False and gone["host_rss"] is None
+
+
+# Above every Linux pid_max (at most 2**22): no process has it.
+MISSING_PID = "99999999"
+
+
+@pytest.mark.parametrize("extra", [(), ("--json",)])
+def test_stats_pid_of_a_missing_process_exits_1_with_one_line_saying_so(extra: tuple[str, ...]) -> None:
+    proc = _unimem("stats", "--pid", MISSING_PID, *extra)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and f"no process {MISSING_PID}" in lines[0], proc.stderr
+
+
+def test_stats_pid_missing_everywhere_with_nvml_exits_1_and_one_nvml_lists_is_shown(tmp_path: Path) -> None:
+    gone = _with_fake_nvml(tmp_path, "stats", "--pid", MISSING_PID)
+    assert gone.returncode == 1 and "on any GPU NVML lists" in gone.stderr, gone.stderr
+    # NVML lists processes of other PID namespaces (a container) this host cannot see: still shown.
+    listed = _with_fake_nvml(tmp_path, "stats", "--pid", "4242", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout)["processes"], listed.stderr
+
+
+def test_stats_json_carries_the_host_figures_the_table_shows() -> None:
+    data = json.loads(_unimem("stats", "--json").stdout)
+    host = data["host"]
+    assert set(host) == {"total", "used", "available"}
+    assert all(isinstance(host[key], int) and host[key] > 0 for key in host), host
+    from unimem.sizes import format_bytes
+
+    table = _unimem("stats").stdout
+    assert format_bytes(host["total"]) in table  # the same figure, read the same way
 
 
 def test_stats_pid_lists_the_bytes_that_process_holds_on_each_gpu(tmp_path: Path) -> None:

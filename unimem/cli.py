@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import __version__, device_view, registry
-from .cli_observe import output_console, plot, titled_table, watch
+from .cli_observe import host_figures, output_console, plot, titled_table, watch
 from .errors import BackendUnavailable, ConfigError, UnimemError
 from .sizes import format_bytes
 
@@ -128,6 +128,8 @@ def _host_rss(pid: int) -> tuple[int | None, bool | None]:
         return None, None
     try:
         return int(psutil.Process(pid).memory_info().rss), True
+    except psutil.ZombieProcess:  # exited, not yet reaped: it still has a PID and no memory
+        return None, True
     except psutil.NoSuchProcess:
         return None, False
     except psutil.Error:  # exists, but its memory is not ours to read
@@ -135,17 +137,19 @@ def _host_rss(pid: int) -> tuple[int | None, bool | None]:
 
 
 def _pid_stats(pid: int, as_json: bool) -> None:
-    """The bytes process ``pid`` holds on each GPU (NVML), and its host RSS."""
+    """The bytes process ``pid`` holds on each GPU (NVML), and its host RSS; exit 1 if it exists nowhere."""
     _, nvml = _nvml_devices()
     rows = [row for row in _process_rows() if row["pid"] == pid] if nvml == "ok" else []
     host_rss, exists = _host_rss(pid)
+    if exists is False and not rows:  # NVML may list a process this PID namespace cannot see: shown below
+        where = "on this host or on any GPU NVML lists" if nvml == "ok" else "on this host"
+        click.echo(f"unimem stats: no process {pid} {where}; check the PID (ps, or `unimem stats`)", err=True)
+        sys.exit(1)
     data = {registry.FRAMEWORK_FREE: nvml, "pid": pid, "processes": rows, "host_rss": host_rss, "exists": exists}
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
     console = _console()
-    if exists is False and not rows:  # NVML may list a process this PID namespace cannot see
-        console.print(f"No process {pid} on this host.")
     if nvml != "ok":
         console.print(f"NVML: [yellow]{nvml}[/yellow]")
         console.print("No GPU figures on this machine.")
@@ -172,7 +176,9 @@ def _pid_stats(pid: int, as_json: bool) -> None:
     "default: NVML for every GPU. A framework has not started in this fresh process: its figures are n/a.",
 )
 @click.option("--device", "-d", default=0, show_default=True, help="Device index (with --backend).")
-@click.option("--pid", "-p", type=int, default=None, help="Only this process: its bytes on each GPU (NVML).")
+@click.option(
+    "--pid", "-p", type=click.IntRange(min=0), default=None, help="Only this process: its bytes on each GPU (NVML)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 def stats(backend: str | None, device: int, pid: int | None, as_json: bool) -> None:
     """Memory figures: per GPU and per process from NVML, one process's, or one backend's MemoryStats."""
@@ -192,21 +198,20 @@ def stats(backend: str | None, device: int, pid: int | None, as_json: bool) -> N
     devices, nvml = _nvml_devices()
     snapshots = [unimem.stats(registry.FRAMEWORK_FREE, d["index"]).as_dict() for d in devices] if nvml == "ok" else []
     processes = _process_rows() if nvml == "ok" else []
+    host = host_figures()
     if as_json:
-        click.echo(json.dumps({registry.FRAMEWORK_FREE: nvml, "devices": snapshots, "processes": processes}, indent=2))
+        data = {registry.FRAMEWORK_FREE: nvml, "devices": snapshots, "processes": processes, "host": host}
+        click.echo(json.dumps(data, indent=2))
         return
     console = _console()
     if nvml != "ok":
         # No GPU figures exist here; the host's memory is what a CPU run draws on.
-        import psutil
-
-        memory = psutil.virtual_memory()
         console.print(f"NVML: [yellow]{nvml}[/yellow]")
-        host = titled_table("Host memory (no GPU figures on this machine)")
+        table = titled_table("Host memory (no GPU figures on this machine)")
         for column in ("total", "used", "available"):
-            host.add_column(column, justify="right")
-        host.add_row(format_bytes(memory.total), format_bytes(memory.used), format_bytes(memory.available))
-        console.print(host)
+            table.add_column(column, justify="right")
+        table.add_row(format_bytes(host["total"]), format_bytes(host["used"]), format_bytes(host["available"]))
+        console.print(table)
         return
     table = titled_table("GPU memory (NVML)")
     for column in ("device", "total", "used", "free"):

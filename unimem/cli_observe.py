@@ -26,7 +26,7 @@ from . import device_view, registry
 from .plotting import RANK_FIGURES
 from .sizes import format_bytes
 
-__all__ = ["UNSEEN_ABOVE", "collect_watch", "output_console", "plot", "titled_table", "watch"]
+__all__ = ["UNSEEN_ABOVE", "collect_watch", "host_figures", "output_console", "plot", "titled_table", "watch"]
 
 STATUS = registry.FRAMEWORK_FREE  # the key a snapshot gives the device view's status under
 # Off a terminal (a pipe, a log file) no width exists to fit: a line is as long as its content,
@@ -53,7 +53,8 @@ def titled_table(title: str) -> Any:
     return Table(title=Text(title, style="table.title", no_wrap=True, overflow="ignore"))
 
 
-def _host_memory() -> dict[str, int | None]:
+def host_figures() -> dict[str, int | None]:
+    """The host's ``total``, ``available`` and ``used`` bytes (None for each that cannot be read)."""
     try:
         import psutil
 
@@ -128,7 +129,7 @@ def collect_watch(devices: Sequence[int] | None = None, unseen_above: int = UNSE
     """
     view, status = device_view.usable()
     data: dict[str, Any] = {"time": time.time(), STATUS: status, "devices": [], "processes": []}
-    data["host"] = _host_memory()
+    data["host"] = host_figures()
     if view is None:
         data["host_processes"] = _top_host_processes()
         return data
