@@ -111,7 +111,7 @@ def test_watch_unseen_threshold_is_an_option() -> None:
     lower = json.loads(_watch_with_fake_gpus("--json", "--once", "--unseen-above", "128MiB").stdout)
     assert [row["cannot_see"] for row in lower["devices"]] == [True, True]
     bad = _watch_with_fake_gpus("--once", "--unseen-above", "lots")
-    assert bad.returncode == 2 and "'--unseen-above'" in bad.stderr and "1GiB" in bad.stderr
+    assert bad.returncode == 2 and "'--unseen-above'" in bad.stderr and "8GiB" in bad.stderr
 
 
 def test_watch_device_option_without_nvml_says_why_no_gpu_is_shown() -> None:

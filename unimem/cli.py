@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import __version__, device_view, registry
-from .cli_observe import host_figures, output_console, plot, titled_table, watch
+from .cli_observe import fail, host_figures, option_error, output_console, plot, titled_table, watch
 from .errors import BackendUnavailable, ConfigError, UnimemError
 from .sizes import format_bytes
 
@@ -102,11 +102,9 @@ def _backend_stats(backend: str, device: int, as_json: bool) -> None:
         name = registry.canonical_name(backend)
         snapshot = unimem.stats(name, device)
     except ConfigError as exc:
-        option = "--device" if exc.parameter == "device" else "--backend"
-        raise click.BadParameter(str(exc), param_hint=option) from None
+        raise option_error(exc, "--device" if exc.parameter == "device" else "--backend") from None
     except UnimemError as exc:  # e.g. NVML asked for by name on a machine without it
-        click.echo(f"unimem stats: {exc}", err=True)
-        sys.exit(1)
+        fail("stats", exc)
     # A framework's counters live in the process that runs it; this command starts none.
     note = None if name == registry.FRAMEWORK_FREE else FRESH_PROCESS_NOTE.format(name=name)
     if as_json:
@@ -258,6 +256,16 @@ def matrix(check: bool, output: str | None) -> None:
     click.echo(f"wrote {target}")
 
 
+# compare()'s parameters as the command's options name them, for its errors.
+_COMPARE_OPTIONS = {
+    "frameworks": "--framework",
+    "workloads": "--workload",
+    "configs": "--config",
+    "size": "--size",
+    "steps": "--steps",
+}
+
+
 @main.command()
 @click.option(
     "--framework", "-f", "frameworks", multiple=True, help="Framework to include (repeatable); default: all installed."
@@ -324,8 +332,10 @@ def compare(
                 progress=show_progress,
                 on_result=on_result,
             )
+        except ConfigError as exc:
+            raise option_error(exc, _COMPARE_OPTIONS.get(exc.parameter, exc.parameter)) from None
         except UnimemError as exc:
-            raise click.UsageError(str(exc)) from None
+            fail("compare", exc)
     written: list[Path] = []
     if out is not None:
         folder = Path(out)
@@ -336,7 +346,7 @@ def compare(
             result.plot(folder / "compare.png")
             written.append(folder / "compare.png")
         except BackendUnavailable as exc:  # the figures are in the JSON; the picture needs the plot extra
-            click.echo(f"no compare.png: {exc}", err=True)
+            click.echo(f"unimem compare: no compare.png: {str(exc).removeprefix('compare plot: ')}", err=True)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return

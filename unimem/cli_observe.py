@@ -18,20 +18,43 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from . import device_view, registry
+from .errors import ConfigError
 from .plotting import RANK_FIGURES
 from .sizes import format_bytes
 
-__all__ = ["UNSEEN_ABOVE", "collect_watch", "host_figures", "output_console", "plot", "titled_table", "watch"]
+__all__ = [
+    "UNSEEN_ABOVE",
+    "collect_watch",
+    "fail",
+    "host_figures",
+    "option_error",
+    "output_console",
+    "plot",
+    "titled_table",
+    "watch",
+]
 
 STATUS = registry.FRAMEWORK_FREE  # the key a snapshot gives the device view's status under
 # Off a terminal (a pipe, a log file) no width exists to fit: a line is as long as its content,
 # so no figure is split across lines and every table row stays one line for grep.
 UNBOUNDED_WIDTH = 100_000
+
+
+def option_error(exc: ConfigError, option: str) -> click.BadParameter:
+    """``exc`` as click's error for ``option``: click names the option, so the message drops the parameter."""
+    return click.BadParameter(str(exc).removeprefix(f"{exc.parameter}: "), param_hint=option)
+
+
+def fail(command: str, exc: BaseException) -> NoReturn:
+    """``unimem COMMAND: <why>`` on stderr, exit status 1; the command is named once."""
+    text = str(exc).removeprefix(f"unimem {command}: ").removeprefix(f"{command}: ")
+    click.echo(f"unimem {command}: {text}", err=True)
+    sys.exit(1)
 
 
 def output_console() -> Any:
@@ -375,20 +398,19 @@ def watch(
     in turn (tables, or one JSON line each with ``--json``). Ctrl+C (SIGINT) and SIGTERM
     end it with the last refresh shown and exit status 0.
     """
-    from .errors import ConfigError
     from .monitoring import _check_interval
     from .sizes import parse_size
 
     try:
         interval = _check_interval(interval, "interval", 0.05)
-        if count is not None and count < 1:
-            raise ConfigError("count", f"expected 1 or more, got {count}")
     except ConfigError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise option_error(exc, "'--interval'") from None
+    if count is not None and count < 1:
+        raise click.BadParameter(f"expected 1 or more, got {count}", param_hint="'--count'")
     try:
         threshold = parse_size(unseen_above, "unseen_above")
     except ConfigError as exc:
-        raise click.BadParameter(f"{exc}; e.g. 1GiB or 512MiB", param_hint="'--unseen-above'") from None
+        raise option_error(exc, "'--unseen-above'") from None
     devices = _chosen_devices(device_options)
     if once:
         count = 1
@@ -474,6 +496,7 @@ def plot(
     one line per rank, labelled by its rank, on one wall-clock axis.
     """
     from .errors import UnimemError
+    from .plotting import require_matplotlib
 
     if width < 100 or height < 100:
         raise click.BadParameter("width and height must be at least 100 pixels")
@@ -481,6 +504,7 @@ def plot(
     target = output or _default_output(files)
     _check_output(target)
     try:
+        require_matplotlib("plot")
         if len(files) == 1 and figure is None:
             _plot_one(files[0], target, title, (width / 100, height / 100), as_json)
             return
@@ -488,8 +512,7 @@ def plot(
 
         done = plot_recordings(files, target, figure=figure, title=title, figsize=(width / 100, height / 100))
     except UnimemError as exc:
-        click.echo(f"unimem plot: {exc}", err=True)
-        sys.exit(1)
+        fail("plot", exc)
     lines = [
         {"label": line.label, "rank": line.rank, "file": line.file, "samples": line.samples} for line in done.lines
     ]

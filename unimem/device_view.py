@@ -24,10 +24,10 @@ def adapter() -> NvmlBackend:
 
 
 def usable() -> tuple[NvmlBackend | None, str]:
-    """The adapter and ``"ok"``, or None and the reason the device view cannot be read here."""
+    """The adapter and ``"ok"``, or None and the reason the device view cannot be read here (callers label it)."""
     try:
         view = adapter()
     except BackendUnavailable as exc:
-        return None, str(exc)
+        return None, str(exc).removeprefix(f"{registry.FRAMEWORK_FREE}: ")
     status = view.status()
     return (view, status) if status == "ok" else (None, status)

@@ -19,6 +19,16 @@ __all__ = [
 ]
 
 
+def _prefixed(message: str, *names: str) -> str:
+    """``"a: b: message"``, each name once: a message that already starts with the last names
+    (a reason passed on from another error) keeps them and gets only the ones before."""
+    for start in range(len(names)):
+        tail = "".join(f"{name}: " for name in names[start:])
+        if message.startswith(tail):
+            return "".join(f"{name}: " for name in names[:start]) + message
+    return "".join(f"{name}: " for name in names) + message
+
+
 class UnimemError(Exception):
     """Base class of every error unimem raises.
 
@@ -30,7 +40,8 @@ class UnimemError(Exception):
 class ConfigError(UnimemError, ValueError):
     """A setting is invalid. Raised before anything is changed.
 
-    Also a ``ValueError``. The message reads ``"<parameter>: <what is wrong>"``; for
+    Also a ``ValueError``. The message reads ``"<parameter>: <what is wrong>"``, the
+    parameter once even when the message handed in already starts with it; for
     ``configure_from_env`` the parameter is the environment variable
     (``"UNIMEM_FRACTION: ..."``).
 
@@ -52,7 +63,7 @@ class ConfigError(UnimemError, ValueError):
 
     def __init__(self, parameter: str, message: str) -> None:
         self.parameter = parameter
-        super().__init__(f"{parameter}: {message}")
+        super().__init__(_prefixed(message, parameter))
 
 
 class TooLateError(UnimemError, RuntimeError):
@@ -60,8 +71,9 @@ class TooLateError(UnimemError, RuntimeError):
 
     Also a ``RuntimeError``. Raised by ``configure`` with ``strict=True`` (the default);
     with ``strict=False`` the setting is skipped with a ``UnimemWarning`` instead. The
-    message says what to do instead (usually: call ``unimem.configure`` before the
-    framework's import or first op, or restart the process).
+    message, ``"<backend>: <setting>: <why>"`` with each name once, says what to do instead
+    (usually: call ``unimem.configure`` before the framework's import or first op, or
+    restart the process).
 
     Args:
         backend: The backend the setting was for.
@@ -76,7 +88,7 @@ class TooLateError(UnimemError, RuntimeError):
     def __init__(self, backend: str, setting: str, message: str) -> None:
         self.backend = backend
         self.setting = setting
-        super().__init__(f"{backend}: {setting}: {message}")
+        super().__init__(_prefixed(message, backend, setting))
 
 
 class BackendUnavailable(UnimemError, ImportError):
@@ -109,7 +121,7 @@ class UnsupportedFeature(UnimemError, NotImplementedError):
     def __init__(self, backend: str, feature: str, message: str) -> None:
         self.backend = backend
         self.feature = feature
-        super().__init__(f"{backend}: {feature}: {message}")
+        super().__init__(_prefixed(message, backend, feature))
 
 
 class OutOfMemory(UnimemError, MemoryError):

@@ -3,6 +3,9 @@
 NVML is initialised lazily under a lock and never shut down (other code in the
 process may use it too). Failures are remembered so a machine without a driver
 costs one failed ``nvmlInit`` per process, not one per query.
+
+A failure is kept as its reason; the error raised names the backend once (``nvml: <reason>``),
+and ``nvml_status()`` answers the bare reason, which its callers show under their own label.
 """
 
 from __future__ import annotations
@@ -45,30 +48,34 @@ def load() -> Any:
         if _pynvml is not None:
             return _pynvml
         if _init_error is not None:
-            raise BackendUnavailable(_init_error)
+            raise _unavailable(_init_error)
         try:
             import pynvml
         except ImportError:
-            _init_error = "nvml: nvidia-ml-py is not installed; pip install nvidia-ml-py (unimem depends on it)"
-            raise BackendUnavailable(_init_error) from None
+            _init_error = "nvidia-ml-py is not installed; pip install nvidia-ml-py (unimem depends on it)"
+            raise _unavailable(_init_error) from None
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             _init_error = (
-                f"nvml: nvmlInit failed ({exc}); the NVIDIA driver is probably not installed "
+                f"nvmlInit failed ({exc}); the NVIDIA driver is probably not installed "
                 "or this machine has no NVIDIA GPU"
             )
-            raise BackendUnavailable(_init_error) from exc
+            raise _unavailable(_init_error) from exc
         _pynvml = pynvml
         return pynvml
 
 
+def _unavailable(reason: str) -> BackendUnavailable:
+    return BackendUnavailable(f"nvml: {reason}")
+
+
 def nvml_status() -> str:
-    """``"ok"`` or the reason NVML cannot be used here."""
+    """``"ok"`` or the reason NVML cannot be used here, without a prefix (callers label it)."""
     try:
         load()
-    except BackendUnavailable as exc:
-        return str(exc)
+    except BackendUnavailable:
+        return _init_error or "nvml could not be loaded"
     return "ok"
 
 
