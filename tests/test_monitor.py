@@ -352,3 +352,38 @@ def test_a_missing_folder_is_refused_not_created(tmp_path):
         with pytest.raises(unimem.ConfigError, match="does not exist"):
             getattr(recording, method)(tmp_path / "no" / "such" / name)
     assert not (tmp_path / "no").exists()
+
+
+# --- printing a monitor or a recording --------------------------------------------------------
+
+
+def test_a_monitor_prints_its_backend_device_interval_samples_and_state() -> None:
+    m = unimem.monitor(0.01)
+    assert repr(m) == "Monitor(backend=None, device=0, interval=0.01 s, 0 samples, not started)"
+    with m:
+        deadline = time.monotonic() + 60
+        while not m.samples:  # the sampler's first readings (host RSS here)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        running = repr(m)
+        assert running.startswith("Monitor(backend=None, device=0, interval=0.01 s, ") and running.endswith(
+            " samples, running)"
+        ), running
+        assert int(running.split(" samples")[0].rsplit(" ", 1)[1]) >= 1
+    stopped = repr(m)
+    assert stopped.endswith("stopped)") and f"{len(m.samples)} samples" in stopped
+    assert str(m) == stopped and "object at 0x" not in stopped
+
+
+def test_a_recording_prints_a_summary_not_its_samples() -> None:
+    samples = [Sample(float(i), "framework", allocated=i << 20) for i in range(20_000)]
+    samples.append(Sample(20_000.0, "device", error="NVML: GPU is lost"))
+    meta = {"backend": "torch", "device": 1, "started": 0.0, "stopped": 20_000.0}
+    recording = Recording(samples, [], meta)
+    text = repr(recording)
+    assert len(text) < 200, text
+    assert text == (
+        "Recording(backend='torch', device=1, 20001 samples over 20000.0 s, 0 marks, 1 gap, "
+        f"peak allocated {unimem.format_bytes(19_999 << 20)})"
+    )
+    assert str(recording) == text

@@ -5,7 +5,8 @@ to 1 kHz never takes the training process's GIL (a thread doing it there slows t
 training loop: docs/measurements.md). The protocol is lines on stdin/stdout:
 
 - at start the sampler writes ``{"ready": true, "probe": "ok" | reason, "host": "ok" | reason}``;
-- ``dump`` asks for everything so far, ``last`` for the newest sample only;
+- ``dump`` asks for everything so far, ``last`` for the newest sample only, ``count`` for
+  ``{"count": n}``, how many samples are kept (one short line, for a monitor's repr);
 - ``stop`` (or stdin closing, e.g. the parent died) makes it write everything and exit.
 
 Every reply is one JSON line. A sample is ``[time, device_total, device_used,
@@ -166,8 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     out = sys.stdout
 
     def reply(kind: str) -> None:
-        rows = series.items()[-1:] if kind == "last" else series.items()
-        payload = {"samples": rows, "errors": errors.messages, "error_count": errors.count, "stride": series.stride}
+        """``count``, ``last``, else (``dump`` or an unknown word) everything so far."""
+        payload: dict[str, Any]
+        if kind == "count":
+            payload = {"count": len(series)}
+        else:
+            rows = series.items()[-1:] if kind == "last" else series.items()
+            payload = {"samples": rows, "errors": errors.messages, "error_count": errors.count, "stride": series.stride}
         out.write(json.dumps(payload, separators=(",", ":")) + "\n")
         out.flush()
 
@@ -182,11 +188,11 @@ def main(argv: list[str] | None = None) -> int:
             commands, buffer = _commands(buffer + chunk)
             if not chunk or "stop" in commands:  # stdin closed (the parent stopped or died), or asked
                 for command in commands[: commands.index("stop")] if "stop" in commands else commands:
-                    reply("last" if command == "last" else "dump")
+                    reply(command)
                 reply("dump")
                 return 0
             for command in commands:
-                reply("last" if command == "last" else "dump")
+                reply(command)
             continue
         series.add(_sample(probe, host, errors))
         next_time += args.interval

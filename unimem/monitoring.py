@@ -56,6 +56,7 @@ from .recording import (
     NoFigures,
     Recording,
     Sample,
+    counted,
     merge_samples,
 )
 from .tracking import read_stats, resolve_query
@@ -182,6 +183,25 @@ class Monitor:
         self.start_stats: MemoryStats | None = None
         self.end_stats: MemoryStats | None = None
         self._prometheus: Any = None
+
+    def __repr__(self) -> str:
+        """``Monitor(backend='torch', device=0, interval=0.1 s, 57 samples, running)``."""
+        state = "not started" if self._started is None else ("running" if self._stopped is None else "stopped")
+        backend = self.backend if self._started is not None else self._requested
+        return (
+            f"Monitor(backend={backend!r}, device={self.device}, interval={self.interval:g} s, "
+            f"{counted(self._sample_count(), 'sample')}, {state})"
+        )
+
+    def _sample_count(self) -> int:
+        """Samples kept so far; while running, the sampler process is asked for its count only."""
+        device = len(self._device_rows)
+        if self.running:
+            reply = self._ask("count")
+            if reply is not None and isinstance(reply.get("count"), int):
+                device = reply["count"]
+        with self._lock:
+            return device + len(self._framework)
 
     # --- lifecycle ---------------------------------------------------------------
     @property

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BackendUnavailable, ConfigError
+from .sizes import format_bytes
 
 __all__ = ["BoundedSeries", "Mark", "NoFigures", "Recording", "Sample", "load_recording"]
 
@@ -172,6 +173,19 @@ class BoundedSeries:
         return len(self._items) + (self._pending is not None)
 
 
+def counted(count: int, noun: str) -> str:
+    """``"1 sample"``, ``"3 samples"``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+# The peaks a recording's repr names, where known: the device's view, the framework's, the host's.
+_SUMMARY_PEAKS = (
+    ("process_used", "process peak (NVML)"),
+    ("allocated", "peak allocated"),
+    ("host_rss", "host peak RSS"),
+)
+
+
 def _num(value: float) -> str:
     return repr(float(value))  # shortest text that reads back as the same float
 
@@ -204,6 +218,32 @@ class Recording:
     samples: list[Sample] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """A summary, not the samples: ``Recording(backend='torch', device=0, 1200 samples over
+        12.0 s, 3 marks, peak allocated 1.20 GiB)``; the samples are in ``samples``."""
+        parts = [f"backend={self.meta.get('backend')!r}", f"device={self.meta.get('device')!r}"]
+        if self.meta.get("rank") is not None:
+            parts.append(f"rank={self.meta['rank']!r}")
+        span = self._span()
+        parts.append(counted(len(self.samples), "sample") + (f" over {span:.1f} s" if span is not None else ""))
+        parts.append(counted(len(self.marks), "mark"))
+        gaps = sum(1 for s in self.samples if s.error is not None)
+        if gaps:
+            parts.append(counted(gaps, "gap"))
+        for name, label in _SUMMARY_PEAKS:
+            value = self.peak(name)
+            if value is not None:
+                parts.append(f"{label} {format_bytes(value)}")
+        return f"Recording({', '.join(parts)})"
+
+    def _span(self) -> float | None:
+        """Seconds the run lasted: ``started`` to ``stopped`` when known, else first to last reading."""
+        started, stopped = self.meta.get("started"), self.meta.get("stopped")
+        if isinstance(started, (int, float)) and isinstance(stopped, (int, float)):
+            return float(stopped) - float(started)
+        times = [s.time for s in self.samples] + [m.time for m in self.marks]
+        return max(times) - min(times) if len(times) > 1 else None
 
     # --- views ------------------------------------------------------------------
     @property
