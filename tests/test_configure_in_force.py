@@ -303,3 +303,34 @@ def test_configuration_of_a_fresh_process_after_several_calls(pyjson):
     assert (torch["fraction"], torch["allocator"], jax["fraction"]) == (0.25, "expandable", 0.75)
     assert out["refused"] == "fraction"
     assert "tensorflow" not in out["in_force"]
+
+
+# --- settings spread over every installed framework: warnings wait for the framework ---------------
+
+_SPREAD = """
+import warnings
+import unimem
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    applied = unimem.configure(fraction=0.5, allocator="expandable")  # nothing imported: every framework
+    LATER
+    at_call = [str(w.message) for w in caught]
+    import jax
+    at_import = [str(w.message) for w in caught][len(at_call):]
+emit({"at_call": at_call, "at_import": at_import, "skipped": sorted({a.backend for a in applied.skipped})})
+"""
+
+
+def test_a_setting_spread_over_every_framework_is_warned_of_when_the_script_imports_one(pyjson, need):
+    need("jax")
+    out = pyjson(_SPREAD.replace("LATER", "pass"))
+    assert "jax" in out["skipped"]  # still said in the Applied, at once
+    assert out["at_call"] == []  # a torch script never hears of JAX's allocator
+    assert [m for m in out["at_import"] if m.startswith("jax: allocator not applied")] != []
+    assert not [m for m in out["at_import"] if not m.startswith("jax:")]  # of JAX alone
+
+
+def test_a_spread_setting_a_later_call_made_is_not_warned_of(pyjson, need):
+    need("jax")
+    out = pyjson(_SPREAD.replace("LATER", 'unimem.configure(backend="jax", allocator="async")'))
+    assert out["at_import"] == []

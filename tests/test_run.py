@@ -155,6 +155,7 @@ def test_unimem_warnings_print_as_one_line_without_unimems_source_line(
         tmp_path,
         """
         import warnings
+        import jax
         import unimem
         warnings.warn("a warning of the script's own")
         warnings.warn("unimem says so", unimem.UnimemWarning)
@@ -163,10 +164,21 @@ def test_unimem_warnings_print_as_one_line_without_unimems_source_line(
     proc = _run(["--allocator", "expandable", "--", sys.executable, str(script)])
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.splitlines()
-    # In `unimem run` itself (applying the settings) and in the command it started.
-    assert any(line.startswith("unimem: jax: allocator not applied") for line in lines), proc.stderr
+    # Said once, when the script imports JAX (the startup hook's hook on the import).
+    assert [line for line in lines if line.startswith("unimem: jax: allocator not applied")] != [], proc.stderr
     assert "unimem: unimem says so" in lines
     assert "UnimemWarning" not in proc.stderr
     assert "unimem/run.py" not in proc.stderr and "unimem.configure(" not in proc.stderr
     # Other warnings keep Python's format, with the line that raised them.
     assert any(line.endswith("UserWarning: a warning of the script's own") for line in lines), proc.stderr
+
+
+def test_a_script_that_does_not_use_jax_hears_nothing_of_jax(tmp_path: Path, need: Callable[[str], None]) -> None:
+    """Settings given to every installed framework speak of one only once the script imports it."""
+    need("jax")
+    need("torch")
+    script = _script(tmp_path, "import torch\nprint('RESULT ' + str(torch.ones(2).sum().item()))\n")
+    proc = _run(["--fraction", "0.5", "--allocator", "expandable", "--", sys.executable, str(script)])
+    assert proc.returncode == 0, proc.stderr
+    assert _result(proc) == 2.0
+    assert "jax" not in proc.stderr.lower() and "xla" not in proc.stderr.lower(), proc.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import warnings
 from collections.abc import Sequence
@@ -95,7 +96,9 @@ def configure(
     shares of one device add up across calls, a backend's settings must still combine, and
     ``devices``, one ``CUDA_VISIBLE_DEVICES`` for the process, must agree. A share given with
     ``backend="auto"`` before any framework is imported is for whichever one the script uses:
-    it counts once that framework is imported.
+    it counts once that framework is imported. Under a launcher every call pins the rank the
+    same way (a call without ``devices`` keeps an earlier ``"per-rank"``, or earlier devices
+    chosen); ``configuration()`` shows the pin.
 
     Args:
         backend: ``"auto"`` (default) takes the frameworks already imported; when none is, every
@@ -134,8 +137,9 @@ def configure(
             from earlier calls, and counting a share given to several named backends once for
             each), ``fraction`` with ``limit``, a split naming a backend not configured, an
             unreadable size or allocator, bad or hidden device indices, ``devices`` other than
-            another backend's in force, a combination the backend cannot take (TensorFlow's growth
-            with a cap, also beside a setting from an earlier call). Nothing is changed.
+            another backend's in force, ``devices`` that would renumber the GPUs under the rank's pin
+            from an earlier call, a combination the backend cannot take (TensorFlow's growth with a
+            cap, also beside a setting from an earlier call). Nothing is changed.
         BackendUnavailable: A named framework is not installed, or ``"auto"`` finds none; the
             message says what to ``pip install``.
         UnsupportedFeature: With ``strict=True``, a backend can never make a setting (see
@@ -146,7 +150,9 @@ def configure(
     Warns:
         UnimemWarning: For each setting skipped (with ``strict=False``, one too late or unsupported)
             or with no device to act on, the action's note says why; for each that replaces a
-            setting of an earlier call, what it replaced.
+            setting of an earlier call, what it replaced. Where ``backend="auto"`` gave the settings
+            to every installed framework (none imported yet), what concerns one framework is warned
+            when the script imports it, and not at all if it never does.
 
     Example:
         ```python
@@ -174,7 +180,7 @@ def configure(
         _explain_defaults(plans, defaulted)
         _refuse(plans, strict)
         note = in_force.mark_no_device(plans)
-        actions = in_force.record(_apply(plans), tentative=spread)
+        actions = in_force.record(_apply(plans, spread=spread), tentative=spread, pinned=len(pins))
         # Only backends the user named (or that were in use) make stats() unambiguous;
         # "auto" spreading settings over every installed framework must not.
         in_use = registry.imported_frameworks()
@@ -252,25 +258,64 @@ def _refuse(plans: list[Step], strict: bool) -> None:
     raise TooLateError(first.backend, first.setting, f"{first.too_late}{more}")
 
 
-def _apply(plans: list[Step]) -> list[Action]:
-    """Run the steps; what is not applied is warned about and recorded as skipped."""
+def _apply(plans: list[Step], *, spread: bool) -> list[Action]:
+    """Run the steps; what is not applied is warned about and recorded as skipped.
+
+    With ``spread`` (the settings went to every installed framework, none imported yet), what
+    is said of a framework waits until the script imports it: a torch script hears nothing of
+    JAX's allocator.
+    """
     actions: list[Action] = []
+    later: dict[str, list[tuple[str, str]]] = {}
+
+    def warn(step: Step, message: str) -> None:
+        if spread and registry.is_framework(step.backend):
+            later.setdefault(step.backend, []).append((step.setting, message))
+        else:
+            warnings.warn(message, UnimemWarning, stacklevel=4)
+
     for step in plans:
         status, note = step.status, step.note
         if step.unsupported or step.too_late:
             reason = step.unsupported or step.too_late
-            warnings.warn(f"{step.backend}: {step.setting} not applied: {reason}", UnimemWarning, stacklevel=3)
+            warn(step, f"{step.backend}: {step.setting} not applied: {reason}")
             status, note = "skipped", f"{'unsupported' if step.unsupported else 'too late'}: {reason}"
         elif step.status == "skipped":
-            warnings.warn(f"{step.backend}: {step.setting} not applied: {step.note}", UnimemWarning, stacklevel=3)
+            warn(step, f"{step.backend}: {step.setting} not applied: {step.note}")
         elif step.run is not None and step.status != "unchanged":
             step.run()  # a "no-device" step too: it is made, though nothing here takes it
         if status == "no-device":
-            warnings.warn(
-                f"{step.backend}: {step.setting} has nothing to act on: {step.note}", UnimemWarning, stacklevel=3
-            )
+            warn(step, f"{step.backend}: {step.setting} has nothing to act on: {step.note}")
         actions.append(Action(step.backend, step.setting, step.value, step.method, step.target, status, note))
+    for name, said in later.items():
+        _warn_at_import(name, said)
     return actions
+
+
+def _warn_at_import(name: str, said: list[tuple[str, str]]) -> None:
+    """Warn ``said`` (``(setting, message)``) once the script imports framework ``name``.
+
+    Not when a framework that imports ``name`` itself is loaded (TensorFlow imports JAX): the
+    script does not use it; and not for a setting a later ``configure()`` call has made since.
+    A later call warning of the same framework replaces these warnings.
+    """
+    from unimem.backends.base import when_imported  # the import hook the cap hooks use; imports no framework
+
+    entry = registry.BACKENDS.get(name)
+    brought_by = entry.imported_by if entry is not None else ()
+    before = in_force.settings_in_force(name).given()
+
+    def show(_module: object) -> None:
+        if any(module in sys.modules for module in brought_by):
+            return
+        now = in_force.settings_in_force(name).given()
+        for setting, message in said:
+            related = ("fraction", "limit") if setting in ("fraction", "limit") else (setting,)
+            if any(now.get(key) != before.get(key) for key in related):
+                continue  # a later call made it
+            warnings.warn(message, UnimemWarning, stacklevel=2)
+
+    when_imported(registry.get_backend(name).module, show, key=f"unimem.{name}.not-applied")
 
 
 def _safe_growth_default(

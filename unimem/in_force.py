@@ -4,7 +4,8 @@ A setting stays in force until a later call for the same backend replaces it (th
 says what it replaced). A later call is validated against what is in force as a single call
 is against itself: the shares of one device add up across calls, a backend's settings must
 still combine, and ``devices``, where it is an environment variable, is one value for the
-whole process. ``configuration()`` reads it all back.
+whole process. Under a launcher each call also pins the rank to its GPU; the pin is in force
+beside the settings, not one of them. ``configuration()`` reads it all back.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["BackendConfiguration", "Configuration", "configuration"]
 
 _CAP = ("fraction", "limit")  # one cap, given as either
+# What a call gives; the rank's "pin" is in force beside them, made from the launcher's variables.
+_SETTINGS = frozenset(field.name for field in dataclasses.fields(Settings))
 _SHARE_SLACK = 1e-9  # float sums such as 0.7 + 0.2 + 0.1 must still fit the whole device
 
 
@@ -34,6 +37,7 @@ _SHARE_SLACK = 1e-9  # float sums such as 0.7 + 0.2 + 0.1 must still fit the who
 class _Entry:
     actions: tuple[Action, ...]  # the latest call's actions for the setting, not all skipped
     tentative: bool  # given by backend="auto" to every installed framework, none imported yet
+    pinned: bool = False  # made by the rank's pin under a launcher (a "pin", or devices="per-rank")
 
     @property
     def setting(self) -> str:
@@ -82,11 +86,51 @@ def _entries(name: str) -> dict[str, _Entry]:
 
 
 def settings_in_force(name: str) -> Settings:
-    """The settings ``configure()`` put in force for ``name`` (None fields: never set)."""
+    """The settings ``configure()`` put in force for ``name`` (None fields: never set).
+
+    The rank's pin is left out: it is no setting a call gives, but the launcher's (``pin_in_force``).
+    """
     values: dict[str, Any] = {}
     for entry in _entries(name).values():
-        values[entry.setting] = tuple(entry.value) if entry.setting == "devices" else entry.value
+        if entry.setting in _SETTINGS:
+            values[entry.setting] = tuple(entry.value) if entry.setting == "devices" else entry.value
     return Settings(**values)
+
+
+def pin_in_force(name: str) -> int | None:
+    """The device ``name`` is pinned to for this rank, counted among the devices the launcher made
+    visible; None when no call pinned it (a single process, devices chosen, or the pin skipped)."""
+    entries = _entries(name)
+    pin = entries.get("pin")
+    if pin is not None:
+        return pin.value if isinstance(pin.value, int) else None
+    devices = entries.get("devices")
+    if devices is not None and devices.pinned and devices.value:
+        return int(devices.value[0])  # devices="per-rank": the rank's GPU, made its only visible one
+    return None
+
+
+def framework_pins() -> dict[str, int]:
+    """Backends pinned by their own device call (not ``CUDA_VISIBLE_DEVICES``), and the device:
+    a later ``devices`` numbers the devices afresh under such a pin."""
+    with _lock:
+        pins: dict[str, int] = {}
+        for name in list(_records):
+            entry = _entries(name).get("pin")
+            if entry is not None and isinstance(entry.value, int):
+                pins[name] = entry.value
+        return pins
+
+
+def devices_chosen() -> bool:
+    """Whether an earlier call chose the devices itself (``devices=[...]``, not the rank's pin):
+    a later call then pins nothing, as that call did not."""
+    with _lock:
+        for name in list(_records):
+            entry = _entries(name).get("devices")
+            if entry is not None and not entry.pinned:
+                return True
+        return False
 
 
 def _merged(earlier: Settings, new: Settings) -> Settings:
@@ -201,7 +245,8 @@ def _check_devices(names: tuple[str, ...], settings: Mapping[str, Settings]) -> 
                 holders.append(other)
                 variable = written[0].target.partition("=")[0]
         if holders:
-            held = _entries(holders[0])["devices"].value
+            entry = _entries(holders[0])["devices"]
+            held = "'per-rank'" if entry.pinned else entry.value  # the rank's pin, through the variable
             raise ConfigError(
                 "devices",
                 f"{', '.join(holders)} {'has' if len(holders) == 1 else 'have'} devices={held} in force from an "
@@ -242,13 +287,14 @@ def mark_no_device(plans: list[Step]) -> str:
     return ""
 
 
-def record(actions: list[Action], *, tentative: bool) -> list[Action]:
+def record(actions: list[Action], *, tentative: bool, pinned: int = 0) -> list[Action]:
     """Put the call's actions in force; each that replaces an earlier setting says so (and warns).
 
     Args:
         actions: The call's actions; a setting whose actions were all skipped leaves the earlier
             one in force.
         tentative: The call gave its settings to every installed framework, none imported yet.
+        pinned: How many of the first actions pin the rank to its GPU (``ranks.pin_steps``).
 
     Returns:
         The actions, with ``replaced`` set where they replaced an earlier call's setting.
@@ -276,7 +322,7 @@ def record(actions: list[Action], *, tentative: bool) -> list[Action]:
                     result[i] = dataclasses.replace(actions[i], replaced=replaced)
             if name not in _records:
                 _records[name] = (registry.get_backend(name), entries)
-            entries[key] = _Entry(tuple(result[i] for i in indices), tentative)
+            entries[key] = _Entry(tuple(result[i] for i in indices), tentative, pinned=indices[0] < pinned)
     return result
 
 
@@ -298,6 +344,10 @@ class BackendConfiguration:
         growth (bool | None): True allocates on demand, False preallocates.
         allocator (str | None): ``"default"``, ``"async"``, ``"expandable"`` or ``"uncached"``.
         devices (tuple[int, ...] | None): The device indices the framework may see.
+        pin (int | None): Under a launcher (torchrun, SLURM, MPI), the device this rank is pinned
+            to, counted among the devices the launcher made visible: a ``"pin"`` action's device,
+            or the rank's GPU under ``devices="per-rank"`` (which the rank then sees as device 0);
+            None when nothing pins it (a single process, devices chosen, the pin skipped).
         actions (tuple[Action, ...]): How each setting was made, as the call that made it
             reported it: a ``"pending"`` status there is as of that call (``phase`` says
             whether the framework has started since).
@@ -311,6 +361,7 @@ class BackendConfiguration:
     growth: bool | None = None
     allocator: str | None = None
     devices: tuple[int, ...] | None = None
+    pin: int | None = None
     actions: tuple[Action, ...] = ()
     phase: str = ""
 
@@ -368,7 +419,10 @@ class Configuration(Mapping[str, BackendConfiguration]):
         if not self._backends:
             return "unimem.configuration(): nothing configured in this process"
         actions = [action for config in self._backends.values() for action in config.actions]
-        phases = "; ".join(f"{name}: {config.phase}" for name, config in self._backends.items())
+        phases = "; ".join(
+            f"{name}: {config.phase}" + ("" if config.pin is None else f", this rank pinned to device {config.pin}")
+            for name, config in self._backends.items()
+        )
         return f"{action_table(actions)}\n({phases})"
 
     def __repr__(self) -> str:
@@ -384,7 +438,8 @@ def configuration() -> Configuration:
 
     Returns:
         A read-only mapping from backend name to ``BackendConfiguration`` (fraction, limit,
-        growth, allocator, devices, the actions that made them, the framework's phase now);
+        growth, allocator, devices, under a launcher the device this rank is pinned to, the
+        actions that made them, the framework's phase now);
         empty when nothing is configured. ``str()`` prints a table.
 
     Example:
@@ -405,5 +460,6 @@ def configuration() -> Configuration:
             settings = settings_in_force(name)
             actions = tuple(a for entry in entries.values() for a in entry.actions)
             phase = registry.get_backend(name).phase().describe()
-            backends[name] = BackendConfiguration(name, **settings.given(), actions=actions, phase=phase)
+            pin = pin_in_force(name)
+            backends[name] = BackendConfiguration(name, **settings.given(), pin=pin, actions=actions, phase=phase)
     return Configuration(backends)

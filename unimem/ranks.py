@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import device_view, registry
+from . import device_view, in_force, registry
 from .config import Settings
 from .errors import ConfigError, UnimemWarning
 from .sizes import format_bytes
@@ -367,6 +367,10 @@ def pin_steps(names: Sequence[str], settings: dict[str, Settings], *, devices: o
     among them: ``settings`` is updated in place, and the step's note says so. A pin is
     automatic, so it never refuses: where a framework cannot pin, its step is skipped.
 
+    Calls add up: one without ``devices`` keeps what an earlier call made (after ``"per-rank"``
+    it pins per rank again; after devices chosen, it pins nothing), so every call under the
+    launcher gives the same pin.
+
     Args:
         names: The backends being configured.
         settings: Their settings, by name; a fraction is divided where ranks share a GPU.
@@ -377,15 +381,27 @@ def pin_steps(names: Sequence[str], settings: dict[str, Settings], *, devices: o
 
     Returns:
         The steps, first among the plan's (empty when there is nothing to pin).
+
+    Raises:
+        ConfigError: ``devices`` would number the GPUs afresh under a framework pin an earlier call
+            made (the pinned index would name another GPU); nothing is changed.
     """
     per_rank = _per_rank(devices)
     if devices is not None and not per_rank:
+        _check_pins_kept(devices, None)
         return []
+    if devices is None:
+        if _per_rank_in_force():
+            per_rank = True  # an earlier call narrowed CUDA_VISIBLE_DEVICES to the rank's GPU: it stays so
+        elif in_force.devices_chosen():
+            return []  # an earlier call chose the devices: nothing is pinned, as that call pinned nothing
     frameworks = [name for name in names if registry.is_framework(name)]
     info = rank_info(runtime=False)
     if not info.distributed and not per_rank:
         return []
     pin = pin_for(info, visible_gpus())
+    if _per_rank(devices):
+        _check_pins_kept(devices, pin)
     if pin is None:
         if not per_rank:
             return []
@@ -402,6 +418,37 @@ def pin_steps(names: Sequence[str], settings: dict[str, Settings], *, devices: o
     if spread and any(s.status != "skipped" for s in steps):
         steps = [s for s in steps if s.status != "skipped"]
     return steps
+
+
+def _per_rank_in_force() -> bool:
+    """Whether ``CUDA_VISIBLE_DEVICES`` still holds what ``devices="per-rank"`` wrote."""
+    return _written["value"] is not None and os.environ.get(_VISIBLE) == _written["value"]
+
+
+def _check_pins_kept(devices: object, pin: Pin | None) -> None:
+    """Refuse ``devices`` that would renumber the GPUs under a framework pin from an earlier call.
+
+    The pin is a device index among the GPUs the launcher made visible (``set_device(1)`` at CUDA
+    init); new ``CUDA_VISIBLE_DEVICES`` would leave that index naming another GPU, or none.
+    """
+    if _per_rank(devices):
+        visible: tuple[int, ...] = () if pin is None else (pin.device,)
+    elif isinstance(devices, int) and not isinstance(devices, bool):
+        visible = (devices,)
+    elif isinstance(devices, (list, tuple)) and all(isinstance(d, int) for d in devices):
+        visible = tuple(devices)
+    else:
+        return  # not indices: the model refuses it, naming the parameter
+    for name, device in in_force.framework_pins().items():
+        if device < len(visible) and visible[device] == device:
+            continue  # the pinned index still names the same GPU
+        raise ConfigError(
+            "devices",
+            f"an earlier configure() call pinned {name} to device {device}, this rank's GPU among those the "
+            f"launcher made visible; devices={devices!r} would number the devices afresh, so that index would "
+            "name another GPU or none. Pass devices in the first configure() call (unimem run --devices), "
+            "or leave devices out",
+        )
 
 
 def _remember_visible(steps: list[Step]) -> None:
