@@ -177,6 +177,7 @@ def configure(
         in_force.check_call(request.backends, settings, spread=spread)  # against earlier calls
         plans = pins + _plan(request.backends, settings, spread=spread)
         in_force.check_combined(request.backends, settings)
+        ranks.check_pins_kept(plans)
         _explain_defaults(plans, defaulted)
         _refuse(plans, strict)
         note = in_force.mark_no_device(plans)

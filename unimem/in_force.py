@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -122,13 +122,16 @@ def framework_pins() -> dict[str, int]:
         return pins
 
 
-def devices_chosen() -> bool:
-    """Whether an earlier call chose the devices itself (``devices=[...]``, not the rank's pin):
-    a later call then pins nothing, as that call did not."""
+def devices_chosen(names: Sequence[str]) -> bool:
+    """Whether an earlier call chose the devices (``devices=[...]``, not the rank's pin) for one of
+    ``names``, or for the whole process (through ``CUDA_VISIBLE_DEVICES``): a later call then pins
+    nothing, as that call did not."""
     with _lock:
         for name in list(_records):
             entry = _entries(name).get("devices")
-            if entry is not None and not entry.pinned:
+            if entry is None or entry.pinned:
+                continue
+            if name in names or any(a.method == "env" for a in entry.actions):
                 return True
         return False
 

@@ -41,6 +41,7 @@ __all__ = [
     "Pin",
     "RankInfo",
     "StrayMemory",
+    "check_pins_kept",
     "local_device",
     "metadata",
     "pin_for",
@@ -382,26 +383,20 @@ def pin_steps(names: Sequence[str], settings: dict[str, Settings], *, devices: o
     Returns:
         The steps, first among the plan's (empty when there is nothing to pin).
 
-    Raises:
-        ConfigError: ``devices`` would number the GPUs afresh under a framework pin an earlier call
-            made (the pinned index would name another GPU); nothing is changed.
     """
     per_rank = _per_rank(devices)
     if devices is not None and not per_rank:
-        _check_pins_kept(devices, None)
         return []
     if devices is None:
         if _per_rank_in_force():
             per_rank = True  # an earlier call narrowed CUDA_VISIBLE_DEVICES to the rank's GPU: it stays so
-        elif in_force.devices_chosen():
+        elif in_force.devices_chosen(names):
             return []  # an earlier call chose the devices: nothing is pinned, as that call pinned nothing
     frameworks = [name for name in names if registry.is_framework(name)]
     info = rank_info(runtime=False)
     if not info.distributed and not per_rank:
         return []
     pin = pin_for(info, visible_gpus())
-    if _per_rank(devices):
-        _check_pins_kept(devices, pin)
     if pin is None:
         if not per_rank:
             return []
@@ -425,30 +420,34 @@ def _per_rank_in_force() -> bool:
     return _written["value"] is not None and os.environ.get(_VISIBLE) == _written["value"]
 
 
-def _check_pins_kept(devices: object, pin: Pin | None) -> None:
-    """Refuse ``devices`` that would renumber the GPUs under a framework pin from an earlier call.
+def check_pins_kept(plans: Sequence[Step]) -> None:
+    """Refuse a call whose ``CUDA_VISIBLE_DEVICES`` would renumber the GPUs under a framework pin
+    from an earlier call. Changes nothing.
 
     The pin is a device index among the GPUs the launcher made visible (``set_device(1)`` at CUDA
     init); new ``CUDA_VISIBLE_DEVICES`` would leave that index naming another GPU, or none.
+
+    Raises:
+        ConfigError: A step of ``plans`` writes ``CUDA_VISIBLE_DEVICES`` so (``devices``).
     """
-    if _per_rank(devices):
-        visible: tuple[int, ...] = () if pin is None else (pin.device,)
-    elif isinstance(devices, int) and not isinstance(devices, bool):
-        visible = (devices,)
-    elif isinstance(devices, (list, tuple)) and all(isinstance(d, int) for d in devices):
-        visible = tuple(devices)
-    else:
-        return  # not indices: the model refuses it, naming the parameter
-    for name, device in in_force.framework_pins().items():
-        if device < len(visible) and visible[device] == device:
-            continue  # the pinned index still names the same GPU
-        raise ConfigError(
-            "devices",
-            f"an earlier configure() call pinned {name} to device {device}, this rank's GPU among those the "
-            f"launcher made visible; devices={devices!r} would number the devices afresh, so that index would "
-            "name another GPU or none. Pass devices in the first configure() call (unimem run --devices), "
-            "or leave devices out",
-        )
+    pins = in_force.framework_pins()
+    if not pins:
+        return
+    for step in plans:
+        writes = step.setting == "devices" and step.target.startswith(f"{_VISIBLE}=")
+        if not writes or step.status in ("unchanged", "skipped") or step.too_late or step.unsupported:
+            continue
+        visible = list(step.value)  # indices among the devices visible now, as the launcher set them
+        for name, device in pins.items():
+            if device < len(visible) and visible[device] == device:
+                continue  # the pinned index still names the same GPU
+            raise ConfigError(
+                "devices",
+                f"an earlier configure() call pinned {name} to device {device}, this rank's GPU among those the "
+                f"launcher made visible; {step.target} would number the devices afresh, so that index would "
+                "name another GPU or none. Pass devices in the first configure() call (unimem run --devices), "
+                "or leave devices out",
+            )
 
 
 def _remember_visible(steps: list[Step]) -> None:
