@@ -90,6 +90,7 @@ def test_cli_output_without_nvml_says_nvml_once(args: list[str], no_nvml_state: 
         (["compare", "--workload", "resnet"], "--workload"),
         (["compare", "--framework", "mxnet"], "--framework"),
         (["compare", "--steps", "0"], "--steps"),
+        (["watch", "--once", "--prometheus", "99999"], "--prometheus"),
     ],
 )
 def test_a_bad_option_is_named_once_by_its_option(args: list[str], option: str) -> None:

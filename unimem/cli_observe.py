@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 import click
 
 from . import device_view, registry
-from .errors import ConfigError
+from .errors import ConfigError, UnimemError
 from .plotting import RANK_FIGURES
 from .sizes import format_bytes
 
@@ -422,7 +422,12 @@ def watch(
     if prometheus_port is not None:
         from .prometheus_export import serve
 
-        server = serve(lambda: _gauges(collect()), prometheus_port, bind)
+        try:
+            server = serve(lambda: _gauges(collect()), prometheus_port, bind)
+        except ConfigError as exc:  # a port out of range or taken, an empty address
+            raise option_error(exc, "'--bind'" if exc.parameter == "host" else "'--prometheus'") from None
+        except UnimemError as exc:  # prometheus-client not installed
+            fail("watch", exc)
         click.echo(f"serving metrics at http://{server.host}:{server.port}/metrics", err=True)
     stop = StopSignals()
     try:
@@ -495,7 +500,6 @@ def plot(
     memory.rank0.json memory.rank1.json, or a quoted pattern such as 'memory.rank*.json'):
     one line per rank, labelled by its rank, on one wall-clock axis.
     """
-    from .errors import UnimemError
     from .plotting import require_matplotlib
 
     if width < 100 or height < 100:
