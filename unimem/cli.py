@@ -279,7 +279,12 @@ _COMPARE_OPTIONS = {
     help="default, growth, cap, bf16, remat, offload (repeatable); default: all.",
 )
 @click.option("--size", default="small", show_default=True, type=click.Choice(["small", "large"]))
-@click.option("--steps", default=5, show_default=True, help="Timed steps per run (after 2 warm-up steps).")
+@click.option(
+    "--steps",
+    default=5,
+    show_default=True,
+    help="Timed steps per run (after 2 untimed ones); the table gives their median (min–max).",
+)
 @click.option(
     "--out", "-o", type=click.Path(file_okay=False), default=None, help="Folder for compare.json and compare.png."
 )
@@ -293,7 +298,13 @@ def compare(
     out: str | None,
     as_json: bool,
 ) -> None:
-    """The same workloads in each installed framework and configuration, each in a fresh process."""
+    """The same workloads in each installed framework and configuration, each in a fresh process.
+
+    Every run first takes one tiny step of each configuration compared, so that what a framework
+    imports on first use weighs on every row alike. A note under the table says when the step
+    times are not comparable: a load average above the machine's cores, or a run whose timed
+    steps spread over 20% of their median.
+    """
     from pathlib import Path
 
     from rich.progress import Progress
@@ -376,6 +387,8 @@ def print_comparison(console: Any, result: Comparison) -> None:
         console.print(f"failed: {line}", markup=False)
     for line in compare_module.unsupported(result):
         console.print(f"unsupported: {line}", markup=False)
+    for line in compare_module.timing_notes(result):
+        console.print(f"note: {line}", markup=False)
     if not result.has_gpu:
         console.print(
             "No GPU here: device figures (held at start, peaks, NVML process peak) are n/a; "

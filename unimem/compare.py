@@ -9,6 +9,12 @@ The configurations ``remat`` and ``offload`` run every block of the workload (an
 the transformer's attention and MLP halves) under ``unimem.remat`` with policy ``"full"`` or
 ``"offload"`` (``unimem.workloads.forward_in_blocks``); a framework that cannot do the policy gives a row that
 says unsupported, with the reason.
+
+Every run first takes one tiny step of each compared configuration's path, so that what a
+framework imports on first use weighs on every row alike (``unimem._compare_worker``). Step
+times are the median of the timed steps, with their min, max and quartiles; the times are
+said not to be comparable when the machine was loaded (a load average above its cores) or a
+run's steps spread widely (``timing_notes``).
 """
 
 from __future__ import annotations
@@ -27,12 +33,17 @@ from typing import Any
 from . import registry
 from ._compare_worker import CONFIGS, SAVERS
 from .errors import ConfigError
+from .recording import counted
 from .workloads import SIZES
 
-__all__ = ["CONFIGS", "SAVERS", "Comparison", "compare", "failures", "table_rows", "unsupported"]
+__all__ = ["CONFIGS", "SAVERS", "Comparison", "compare", "failures", "table_rows", "timing_notes", "unsupported"]
 
 WORKLOADS = ("mlp", "transformer")
-SCHEMA_VERSION = 1
+# 2: every run warms up the comparison's paths first; step times carry min, max, quartiles, load.
+SCHEMA_VERSION = 2
+# A run's step times spread over this share of their median (interquartile range) are not a figure
+# to compare: something else took the CPU or the device during the steps.
+SPREAD_LIMIT = 0.20
 
 
 @dataclass
@@ -46,8 +57,19 @@ class Comparison:
     def has_gpu(self) -> bool:
         return any(r.get("process_peak") is not None or r.get("peak_reserved") is not None for r in self.results)
 
+    @property
+    def times_comparable(self) -> bool:
+        """False when the machine was loaded or a run's step times spread widely (``timing_notes``)."""
+        return not timing_notes(self)
+
     def as_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA_VERSION, "machine": self.machine, "results": self.results}
+        return {
+            "schema": SCHEMA_VERSION,
+            "machine": self.machine,
+            "times_comparable": self.times_comparable,
+            "notes": timing_notes(self),
+            "results": self.results,
+        }
 
     def to_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.as_dict(), indent=2) + "\n", encoding="utf-8")
@@ -93,7 +115,10 @@ class Comparison:
                 ax.set_title(f"{workload}")
                 ax.legend(fontsize=8)
         device = self.machine.get("device", "?")
-        fig.suptitle(f"unimem compare · {device} · size {self.machine.get('size', '?')}")
+        title = f"unimem compare · {device} · size {self.machine.get('size', '?')}"
+        if not self.times_comparable:
+            title += "\nstep times not comparable: loaded machine or widely spread steps (see the notes)"
+        fig.suptitle(title)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -118,7 +143,17 @@ def _machine(size: str, steps: int) -> dict[str, Any]:
         "versions": versions,
         "size": size,
         "steps": steps,
+        "cores": os.cpu_count(),
+        "load_average": _load(),
     }
+
+
+def _load() -> float | None:
+    """The host's 1-minute load average; None where the platform has none."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
 
 
 def _runners() -> list[str]:
@@ -138,11 +173,28 @@ def _listed(names: Sequence[str]) -> str:
     return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
 
 
-def _run_one(framework: str, workload: str, config: str, size: str, steps: int, timeout: float) -> dict[str, Any]:
+def _run_one(
+    framework: str, workload: str, config: str, size: str, steps: int, timeout: float, warm: Sequence[str]
+) -> dict[str, Any]:
+    """One run in a fresh process, with the load average as it starts.
+
+    Read before the run, not after: the run's own threads (as many as the cores, or more for
+    TensorFlow's pools) would count against it; other processes show either way.
+    """
+    load = _load()
+    result = _run_worker(framework, workload, config, size, steps, timeout, warm)
+    result["load_average"] = load
+    return result
+
+
+def _run_worker(
+    framework: str, workload: str, config: str, size: str, steps: int, timeout: float, warm: Sequence[str]
+) -> dict[str, Any]:
     env = dict(os.environ)
     for var, value in registry.adapter_class(framework).workload_env.items():
         env.setdefault(var, value)
     cmd = [sys.executable, "-m", "unimem._compare_worker", framework, workload, config, size, str(steps)]
+    cmd.append(",".join(warm))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -172,7 +224,13 @@ def compare(
     progress: Callable[[str], None] | None = None,
     on_result: Callable[[Comparison], None] | None = None,
 ) -> Comparison:
-    """Run every workload under every configuration in each framework; return the figures."""
+    """Run every workload under every configuration in each framework; return the figures.
+
+    Each run is a fresh process that first takes one tiny step of every configuration in
+    ``configs`` (what a framework imports on first use weighs on every row alike), then times
+    ``steps`` steps after two untimed ones. ``timing_notes`` says when the step times are not
+    comparable (a loaded machine, widely spread steps).
+    """
     runners = _runners()
     names = [registry.canonical_name(f, parameter="frameworks") for f in frameworks] if frameworks else None
     if names is None:
@@ -200,7 +258,7 @@ def compare(
             for config in configs:
                 if progress is not None:
                     progress(f"{framework} · {workload} · {config}")
-                comparison.results.append(_run_one(framework, workload, config, size, steps, timeout))
+                comparison.results.append(_run_one(framework, workload, config, size, steps, timeout, configs))
                 if on_result is not None:
                     on_result(comparison)  # e.g. save as it goes: a long run stopped early keeps its rows
     return comparison
@@ -221,7 +279,7 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
         "peak reserved",
         "process peak (NVML)",
         "host peak RSS",
-        "step ms",
+        "step ms (min–max)",
     ]
     rows = []
     for r in comparison.results:
@@ -243,12 +301,49 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
                 format_bytes(r.get("peak_reserved")),
                 format_bytes(r.get("process_peak")),
                 format_bytes(r.get("host_peak_rss")),
-                f"{r['step_ms']:.1f}",
+                _step_cell(r),
             ]
         )
     # Columns this machine cannot fill (device figures without a GPU) would only say n/a.
     keep = [i for i in range(len(header)) if i < 3 or any(row[i] not in ("n/a", "") for row in rows)]
     return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
+
+
+def _step_cell(run: dict[str, Any]) -> str:
+    """``"26.9 (25.1–30.2)"``: the median step and the fastest and slowest timed steps, in ms."""
+    median = f"{run['step_ms']:.1f}"
+    low, high = run.get("step_ms_min"), run.get("step_ms_max")
+    return median if low is None or high is None else f"{median} ({low:.1f}–{high:.1f})"
+
+
+def timing_notes(comparison: Comparison) -> list[str]:
+    """Why the step times are not comparable, one line per reason; empty when nothing says so.
+
+    Two reasons: the load average before a run was above the machine's cores (other processes
+    took CPU time the steps needed), or a run's timed steps spread over ``SPREAD_LIMIT`` of their
+    median (interquartile range: one slow step alone does not count).
+    """
+    timed = [r for r in comparison.results if r.get("ok")]
+    notes = []
+    cores = comparison.machine.get("cores")
+    loads = [r["load_average"] for r in timed if isinstance(r.get("load_average"), (int, float))]
+    if isinstance(cores, int) and loads and max(loads) > cores:
+        loaded = sum(1 for load in loads if load > cores)
+        notes.append(
+            f"step times are not comparable: the load average was up to {max(loads):.1f} on {cores} cores "
+            f"({counted(loaded, 'run')} started above {cores}): other processes took the CPU the steps needed; "
+            "run again on an idle machine"
+        )
+    spread = [r for r in timed if isinstance(r.get("step_spread"), (int, float)) and r["step_spread"] > SPREAD_LIMIT]
+    if spread:
+        spread.sort(key=lambda r: -r["step_spread"])
+        listed = ", ".join(f"{r['framework']} · {r['workload']} · {r['config']} {r['step_spread']:.0%}" for r in spread)
+        notes.append(
+            f"step times are not comparable: in {counted(len(spread), 'run')} the middle half of the timed steps "
+            f"spread over {SPREAD_LIMIT:.0%} of their median ({listed}); run again on an idle machine, "
+            "or with more --steps"
+        )
+    return notes
 
 
 def failures(comparison: Comparison) -> list[str]:
