@@ -251,3 +251,34 @@ def test_the_keras_callback_logs_the_host_peak(pyjson: Any, need: Any) -> None:
     )
     assert len(out["logs"]) == 2 and all(v > 0 for v in out["logs"])
     assert all(v > 0 for v in out["epochs"])
+
+
+def test_available_memory_is_the_hosts_at_most():
+    import psutil
+
+    room = host_memory.available()
+    assert room is not None and 0 < room <= psutil.virtual_memory().total
+
+
+def test_a_memory_cgroups_limit_bounds_what_is_available(tmp_path, monkeypatch):
+    # cgroup v2: 1 GiB allowed, 700 MiB charged of which 100 MiB is page cache the kernel drops.
+    own = tmp_path / "user.slice" / "job"
+    own.mkdir(parents=True)
+    (own / "memory.max").write_text(f"{1 << 30}\n")
+    (own / "memory.current").write_text(f"{700 << 20}\n")
+    (own / "memory.stat").write_text(f"anon {600 << 20}\ninactive_file {100 << 20}\n")
+    assert host_memory._cgroup_room(tmp_path, {"": "/user.slice/job"}) == (1 << 30) - (600 << 20)
+    (own / "memory.max").write_text("max\n")
+    assert host_memory._cgroup_room(tmp_path, {"": "/user.slice/job"}) is None
+    # cgroup v1, as a container sees it: its own cgroup at the mount's top, a limit set above it.
+    v1 = tmp_path / "memory"
+    v1.mkdir()
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # no limit of its own
+    (v1 / "memory.usage_in_bytes").write_text(f"{300 << 20}\n")
+    (v1 / "memory.stat").write_text(f"hierarchical_memory_limit {512 << 20}\ntotal_inactive_file {44 << 20}\n")
+    assert host_memory._cgroup_room(tmp_path, {"memory": "/docker/abc"}) == (512 << 20) - (256 << 20)
+    # The host's figure where the cgroup leaves more.
+    monkeypatch.setattr(host_memory, "_host_available", lambda: 100 << 20)
+    monkeypatch.setattr(host_memory, "_CGROUPS", tmp_path)
+    monkeypatch.setattr(host_memory, "_own_cgroups", lambda: {"memory": "/docker/abc"})
+    assert host_memory.available() == 100 << 20
