@@ -170,6 +170,8 @@ class Backend(ABC):
             trial (cheap, and peaks start clean); default False.
         kept_outputs_note (str): Why bytes stay in use after a failed trial, as the
             search's note says it.
+        saturation_cause (str): How the framework saves memory near its limit, as the
+            search's note on peaks that stopped growing names it (where ``rematerializes``).
         runs_workloads (bool): It overrides ``start_device`` and ``workload_step``, so
             ``unimem compare`` runs it; default False.
         workload_env (dict[str, str]): Variables a fresh process running its workload
@@ -596,6 +598,9 @@ class Backend(ABC):
     # The framework may trade compute for memory near its limit (XLA rematerializes), so a step's
     # peak can stop growing with the batch there: peaks measured below it bound nothing above.
     rematerializes: ClassVar[bool] = False
+    # How it saves memory there, as the search's note on peaks that stopped growing names it
+    # (said only where ``rematerializes``).
+    saturation_cause: ClassVar[str] = "the framework saves memory to fit near its limit (recomputing or swapping)"
     # ``predict_peak`` and ``predict_largest_buffer`` may run in several threads at once, each on
     # its own lowered step: the search then compiles two sizes at a time.
     predicts_concurrently: ClassVar[bool] = False

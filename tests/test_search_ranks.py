@@ -25,7 +25,9 @@ _FORK = """
 import multiprocessing, os, sys, time, traceback, warnings
 import torch, torch.distributed as dist
 import unimem
+from unimem import host_memory
 
+host_memory.available = lambda: None  # the ranks' memory is what LIMITS simulate, not this host's
 LIMITS = LIMITS_HERE
 WORLD = len(LIMITS)
 

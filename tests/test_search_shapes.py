@@ -184,6 +184,8 @@ def simulated(monkeypatch: pytest.MonkeyPatch) -> Current:
         monkeypatch.setattr(api, name, lambda *a, _name=name, **k: getattr(current.device, _name)(*a, **k))
     monkeypatch.setattr(search_module, "_clock", lambda: current.device.clock if current.device else 0.0)
     monkeypatch.setattr(search_module, "gc", types.SimpleNamespace(collect=lambda: 0))
+    # A device the framework-free view shows: a blind search is not held to this machine's host memory.
+    monkeypatch.setattr(api, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1))
     return current
 
 

@@ -17,9 +17,11 @@ How the search goes (every size tried is a real call of ``step``):
    saw no steepening; otherwise the next size is the sure bound when the answer cannot
    be far above it, else the geometric mean of the two (a bisection in log-size, which
    halves the uncertainty whichever way the trial goes). A failure caps the upper
-   estimate the same way. Without memory figures (no ``measure=`` and the framework
-   keeps none, as on the CPU) this becomes doubling until the first failure, then
-   bisection.
+   estimate the same way. On a host without device figures (the CPU), with no ``limit=``
+   nor ``measure=``, the figures are the process's resident peaks and the limit a share of
+   the host's available memory (``search_host``): past it the kernel kills the process, so
+   a peak over it counts as a failure. Without any figures (not even the host's) this
+   becomes doubling until the first failure, then bisection.
 5. Near the answer, try the smallest size whose failure would prove the largest size
    that ran is within ``margin`` of the largest that fits; stop once it is (one below
    the smallest failure, ``max_size``, or, for a framework that rematerializes nothing,
@@ -57,6 +59,10 @@ the largest over ranks, limits the smallest, so every rank takes the same next s
 returns the same answer. A rank that does not answer within ``timeout`` is named in a
 ``ClusterError``; a rank whose step raises tells the others, which stop at once.
 
+``time_limit=`` bounds the whole search: checked after each call of the step, it ends the search
+with the largest size that ran and a note (over ranks, the longest any rank has searched).
+A step's own error (not out of memory) propagates as it came, with the batch size it came at.
+
 Memory: an out-of-memory error's traceback holds the failed step's frames, and their
 tensors (the leak of batch-size finders that retry inside the ``except``). A failed trial keeps only
 a line of text: its frames are cleared inside the ``except``, and collection and
@@ -74,13 +80,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from . import api, registry
+from . import api, ranks, registry
 from .accumulation import AccumulationPlan, plan_accumulation
 from .errors import ConfigError, OutOfMemory, UnimemWarning
 from .memory_stats import MemoryStats
 from .oom import _message, clear_frames, find_oom
 from .search_compile import size_all
+from .search_host import GROWTH as HOST_GROWTH
+from .search_host import HostLimit, HostPeaks, read_limit
 from .search_math import (
+    SATURATION_CAUSE,
     closing,
     fit,
     knee,
@@ -172,9 +181,10 @@ class BatchSizeSearch:
     ``batch_size`` is the answer: the largest size that ran. ``smallest_failure`` is the
     smallest that did not (None if none failed). ``converged`` says the answer is
     within ``margin`` of the largest that fits (or is ``max_size``); False when
-    ``max_trials`` ran out first. ``model`` is the last fit ``(a, b)`` of
-    ``bytes = a + b × batch``, ``limit`` the bytes it was held against, ``measured_by``
-    where the peaks came from. ``before``/``after``: ``stats()`` around the search.
+    ``max_trials`` ran out first, or ``time_limit`` passed (``time_limit_passed``).
+    ``model`` is the last fit ``(a, b)`` of ``bytes = a + b × batch``, ``limit`` the bytes
+    it was held against, ``measured_by`` where the peaks came from.
+    ``before``/``after``: ``stats()`` around the search.
     ``confirmations``: the answer re-run after the search's last failure (``confirm=True``),
     and ``confirmed`` whether it ran then (None when nothing failed after it ran).
     ``step_calls`` counts every call of ``step`` (trials and re-runs), ``failed_calls`` those
@@ -189,8 +199,9 @@ class BatchSizeSearch:
         trials (tuple[Trial, ...]): Every trial of the search, in order.
         smallest_failure (int | None): The smallest size that did not fit; None if none failed.
         converged (bool): Whether the answer is within ``margin`` of the largest that fits
-            (or is ``max_size``); False when ``max_trials`` calls ran out first (the answer is
-            then the largest size that ran, with a note saying so).
+            (or is ``max_size``); False when ``max_trials`` calls ran out first, or
+            ``time_limit`` passed (the answer is then the largest size that ran, with a note
+            saying so).
         margin (float): The margin searched to.
         limit (int | None): The bytes the fit was held against; None when unknown.
         model (tuple[float, float] | None): The last fit ``(a, b)`` of
@@ -217,6 +228,8 @@ class BatchSizeSearch:
         plan (AccumulationPlan | None): With ``target_global_batch=``:
             ``plan_accumulation(target_global_batch, batch_size, world_size)``, the micro-batches
             each rank runs per optimizer step; None without it.
+        time_limit_passed (bool): ``time_limit=`` ended the search before the answer was within
+            ``margin`` (then ``converged`` is False, and a note says so).
     """
 
     batch_size: int
@@ -240,6 +253,7 @@ class BatchSizeSearch:
     predictions: tuple[tuple[int, int], ...] = ()  # with lower=: (size, predicted peak bytes), by size
     world_size: int = 1  # ranks that agreed on every trial
     plan: AccumulationPlan | None = None  # with target_global_batch=: the accumulation that meets it
+    time_limit_passed: bool = False  # time_limit= ended the search before the answer was within the margin
 
     def __int__(self) -> int:
         return self.batch_size
@@ -273,6 +287,7 @@ class BatchSizeSearch:
             "predictions": [list(p) for p in self.predictions],
             "world_size": self.world_size,
             "plan": None if self.plan is None else dict(self.plan.__dict__),
+            "time_limit_passed": self.time_limit_passed,
         }
 
     def __str__(self) -> str:
@@ -281,7 +296,11 @@ class BatchSizeSearch:
             f"batch size {self.batch_size} in {len(self.trials)} trials ({self.seconds:.2f} s; "
             f"{self.step_calls} calls of the step, {self.failed_calls} failed{compiled}); "
             + (f"smallest failure {self.smallest_failure}" if self.smallest_failure else "no failure")
-            + ("" if self.converged else "; NOT converged (max_trials ran out)")
+            + (
+                ""
+                if self.converged
+                else f"; NOT converged ({'time_limit passed' if self.time_limit_passed else 'max_trials ran out'})"
+            )
             + (f"; agreed by {self.world_size} ranks" if self.world_size > 1 else "")
         ]
         if self.model is not None:
@@ -330,6 +349,7 @@ class _Settings:
     target_global_batch: int | None = None
     timeout: float = DEFAULT_TIMEOUT
     collective: bool | None = None
+    time_limit: float | None = None
 
     def fingerprint(self) -> dict[str, Any]:
         """What every rank of a collective search must pass alike (the device may differ)."""
@@ -346,6 +366,7 @@ class _Settings:
             "lower": self.lower is not None,
             "model": self.model is not None,
             "target_global_batch": self.target_global_batch,
+            "time_limit": self.time_limit,
         }
 
 
@@ -368,6 +389,22 @@ def _check_ranks(target_global_batch: object, timeout: object, collective: objec
     return float(timeout)
 
 
+def _check_time_limit(time_limit: object) -> float | None:
+    """``time_limit`` as seconds (None: no bound)."""
+    if time_limit is None:
+        return None
+    if (
+        isinstance(time_limit, bool)
+        or not isinstance(time_limit, (int, float))
+        or not math.isfinite(time_limit)
+        or time_limit <= 0
+    ):
+        raise ConfigError(
+            "time_limit", f"expected None or the seconds the whole search may take (above 0), got {time_limit!r}"
+        )
+    return float(time_limit)
+
+
 def _check(
     start: object,
     backend: object,
@@ -386,6 +423,7 @@ def _check(
     target_global_batch: object = None,
     timeout: object = DEFAULT_TIMEOUT,
     collective: object = None,
+    time_limit: object = None,
 ) -> _Settings:
     def whole(value: object) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
@@ -426,6 +464,7 @@ def _check(
     if progress is not None and not isinstance(progress, bool):
         raise ConfigError("progress", f"expected None (on a terminal), True or False, got {progress!r}")
     wait = _check_ranks(target_global_batch, timeout, collective)
+    bound = _check_time_limit(time_limit)
     assert isinstance(device, int) and isinstance(max_trials, int)
     assert max_size is None or isinstance(max_size, int)
     assert target_global_batch is None or isinstance(target_global_batch, int)
@@ -450,6 +489,7 @@ def _check(
         target_global_batch,
         wait,
         collective,
+        bound,
     )
 
 
@@ -483,8 +523,12 @@ def _agree(run: _Run, kind: str, size: int, outcome: Outcome) -> Outcome:
     are the largest over ranks, the limit (read again after the call) the smallest."""
     if run.ranks is None:
         return outcome
-    answers = run.ranks.exchange({"kind": kind, "size": size, "limit": run.limit, **outcome.__dict__})
+    elapsed = _clock() - run.began
+    answers = run.ranks.exchange(
+        {"kind": kind, "size": size, "limit": run.limit, "elapsed": elapsed, **outcome.__dict__}
+    )
     every = [p for _, p in sorted(answers.items())]
+    run.elapsed = max(p.get("elapsed", elapsed) for p in every)  # so that every rank stops at the same trial
     failed = [(rank, p["error"]) for rank, p in sorted(answers.items()) if p["error"] is not None]
     error = None
     if failed:
@@ -544,6 +588,12 @@ class _Run:
     point_kept: dict[int, int] = field(default_factory=dict)  # kept_total when each point's size ran
     progress: Progress = field(default_factory=lambda: Progress(False))
     ranks: Ranks | None = None  # the ranks every trial is agreed with; None: a single process
+    # Where no device figure is known: the host's limit, and each trial's resident peak (search_host).
+    host: HostLimit | None = None
+    host_peaks: HostPeaks | None = None
+    began: float = 0.0  # _clock() when the search began
+    elapsed: float | None = None  # over ranks: the longest any rank has searched, as of the last agreement
+    out_of_time: bool = False  # time_limit= passed before the answer was within the margin
 
     @property
     def device(self) -> int:
@@ -594,6 +644,8 @@ def _room(run: _Run, snapshot: MemoryStats | None) -> int | None:
 def _measured_by(run: _Run) -> str:
     if run.settings.measure is not None:
         return "measure="
+    if run.host is not None:
+        return "the process's resident peak (host memory)"
     if run.backend is not None:
         return f"stats({run.backend!r}).{_PEAK_FIELD}"
     return "nothing (no framework in use, no measure=)"
@@ -603,7 +655,7 @@ def _open(settings: _Settings, over: Ranks | None = None) -> _Run:
     """The search's state before its first trial: the framework, the limit, the baseline; over
     ranks, agreed by all of them (progress lines on rank 0 only)."""
     shown = settings.progress if over is None or over.rank == 0 else False
-    run = _Run(settings, progress=Progress(shown), ranks=over)
+    run = _Run(settings, progress=Progress(shown), ranks=over, began=_clock())
     run.use(_framework(settings))
     if settings.lower is not None:
         many = _predictor(run)
@@ -629,9 +681,32 @@ def _open(settings: _Settings, over: Ranks | None = None) -> _Run:
         run.scale.held = run.baseline
     if run.before is not None and settings.measure is None:
         run.running_peak = run.before.peak_allocated
+    _hold_to_host(run)
     if over is not None:
         _agree_open(run)
     return run
+
+
+def _hold_to_host(run: _Run) -> None:
+    """Where nothing bounds the sizes (no ``limit=``, no ``measure=``, and no device figure: a host
+    without a GPU), the host's memory does (``search_host``): past it the kernel kills the process
+    rather than the step raising. Ranks of one host share it."""
+    settings = run.settings
+    if settings.limit is not None or settings.measure is not None or run.limit is not None:
+        return
+    view = run.before if run.before is not None else api.framework_free_stats(run.device)
+    if view.device_total is not None or view.peak_allocated is not None or view.limit is not None:
+        return
+    local = ranks.rank_info(runtime=False).local_world_size
+    held = read_limit(local or (1 if run.ranks is None else run.ranks.world_size))
+    if held is None:
+        return
+    run.host, run.host_peaks = held, HostPeaks()
+    run.limit, run.measured_by = held.limit, _measured_by(run)
+    run.baseline = held.resident if settings.baseline is None else settings.baseline
+    run.running_peak = run.host_peaks.so_far()
+    if run.scale is not None:
+        run.scale.held = run.baseline
 
 
 def _reread_capacity(run: _Run) -> bool:
@@ -662,9 +737,18 @@ def _adopt(run: _Run) -> None:
     """After the first trial, which may have imported the framework: read its figures from now on."""
     run.use(_framework(run.settings))
     if run.backend is not None and run.settings.measure is None:
-        run.measured_by = _measured_by(run)
         snapshot = _snapshot(run)
-        run.limit = run.settings.limit if run.settings.limit is not None else _capacity(run, snapshot)
+        limit = run.settings.limit if run.settings.limit is not None else _capacity(run, snapshot)
+        if run.host is not None:
+            if limit is None:
+                return  # still no device figure: the host's
+            # A device after all: its figures from now on, none of the host's.
+            run.host = run.host_peaks = None
+            run.points.clear()
+            run.bounded.clear()
+            run.baseline, run.running_peak = run.settings.baseline, None
+        run.measured_by = _measured_by(run)
+        run.limit = limit
         if run.scale is not None:
             run.scale.room = _room(run, snapshot)
 
@@ -715,6 +799,7 @@ def _predictor(run: _Run) -> Callable[[list[int]], list[tuple[int, int | None] |
             value, largest = (None, None) if done.value is None else done.value
             if done.error is not None:
                 if find_oom(done.error) is None:
+                    _mark(done.error, size, f"unimem.find_batch_size: lower({size}) raised this")
                     _tell_ranks(run.ranks, "compilation", size, done.error)
                     raise done.error
                 clear_frames(done.error)  # the lowering's frames may hold arrays of that size
@@ -780,6 +865,22 @@ def _step_error_note(adapter: Backend | None, exc: BaseException, after_oom: boo
     return None
 
 
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``; on Python 3.10, the ``__notes__`` list it would add to (PEP 678)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+        return
+    with contextlib.suppress(AttributeError, TypeError):  # an exception type that takes no attributes
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]
+
+
+def _mark(exc: BaseException, size: int, note: str) -> None:
+    """Say at which batch size ``exc`` stopped the search: a note, and ``exc.unimem_batch_size``."""
+    with contextlib.suppress(AttributeError, TypeError):
+        exc.unimem_batch_size = size  # type: ignore[attr-defined]
+    _add_note(exc, note)
+
+
 def _tell_ranks(over: Ranks | None, kind: str, size: int, exc: BaseException) -> None:
     """Before this rank's own error propagates, post it as its answer to this round, so the
     other ranks stop at once instead of waiting out their timeout."""
@@ -806,9 +907,10 @@ def _attempt(
     except Exception as exc:
         oom = find_oom(exc)
         if oom is None:
+            _mark(exc, size, f"unimem.find_batch_size: the step raised this at batch size {size}")
             note = _step_error_note(adapter, exc, after_oom)
-            if note is not None and hasattr(exc, "add_note"):
-                exc.add_note(note)  # the framework's own message may name no cause
+            if note is not None:
+                _add_note(exc, note)  # the framework's own message may name no cause
             _tell_ranks(over, kind, size, exc)
             raise
         text = _message(oom).strip().splitlines()
@@ -838,6 +940,8 @@ def _read_peak(run: _Run) -> tuple[int | None, int | None, int | None]:
     if run.settings.measure is not None:
         value = run.settings.measure()
         return (None if value is None else int(value)), None, None
+    if run.host_peaks is not None:
+        return run.host_peaks.read(), None, None
     if run.backend is None or run.adapter is None:
         return None, None, None
     figures = api.stats(run.backend, run.device, nvml=False)
@@ -894,12 +998,17 @@ def _trial(step: Callable[[int], Any], run: _Run, size: int, reason: str) -> Non
     if run.settings.measure is None and run.backend is not None:
         api.reset_peak(run.backend, run.device)
         in_use = api.stats(run.backend, run.device, nvml=False).allocated
+    if run.host_peaks is not None:
+        run.host_peaks.begin()
     kept_before = run.kept_total
     t0 = _clock()
     run.calls += 1
     error, run.last_oom = _attempt(step, size, run.bad is not None, run.adapter, run.ranks)
     seconds = _clock() - t0
     peak, peak_reserved, overhead = _read_peak(run) if error is None else (None, None, None)
+    if error is None and run.host is not None and peak is not None and run.limit is not None and peak > run.limit:
+        # It ran, but past what the host can spare: a larger size could make the kernel kill the process.
+        error = f"its resident peak {format_bytes(peak)} passed the host limit {format_bytes(run.limit)}"
     _release(run, failed=error is not None)  # outside the except block: the frames are gone
     kept = _kept(run, in_use) if error is not None else None
     if run.backend is None and run.settings.backend is None and not run.trials:
@@ -1016,6 +1125,8 @@ def _choose(run: _Run, convex: bool) -> tuple[int, str]:
     if high is not None and reason != "close" and stalled(run.brackets, linear):
         close = closing(run.good, run.settings.margin)
         size, reason = max(split(run.good, high, 1 / 3 if cautious else 0.5, linear), close), "bisect"
+    if run.host is not None:
+        size = min(size, HOST_GROWTH * run.good)  # on the host a size that does not fit kills the process
     return (size if high is None else min(size, high)), reason
 
 
@@ -1081,7 +1192,8 @@ def _nothing_fits(run: _Run) -> OutOfMemory:
     """The error when batch size 1 failed, with the report of its out-of-memory error (on a rank
     where it ran, naming the ranks where it did not)."""
     if run.last_oom is None:
-        return OutOfMemory(f"even batch size 1 does not fit on every rank: {run.trials[-1].error}", None)
+        where = " on every rank" if run.ranks is not None else ""
+        return OutOfMemory(f"even batch size 1 does not fit{where}: {run.trials[-1].error}", None)
     oom = find_oom(run.last_oom) or run.last_oom
     from .oom_report import build_report
 
@@ -1139,7 +1251,7 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
                 raise _nothing_fits(run) from run.last_oom
             run.model, convex = fit(run.points, baseline=run.baseline)
             converged = _converged(run)
-            if converged or run.calls >= _budget(run):
+            if converged or run.calls >= _budget(run) or _out_of_time(run):
                 break
             size, reason = _choose(run, convex)
             converged = _converged(run)  # the sizes compiled to place it may bound the answer
@@ -1151,20 +1263,34 @@ def _search(step: Callable[[int], Any], settings: _Settings) -> BatchSizeSearch:
         raise
 
 
+def _out_of_time(run: _Run) -> bool:
+    """Whether ``time_limit=`` has passed (over ranks: on any rank, as of the last trial's agreement,
+    so that every rank stops after the same trial)."""
+    bound = run.settings.time_limit
+    if bound is None:
+        return False
+    elapsed = run.elapsed if run.ranks is not None and run.elapsed is not None else _clock() - run.began
+    run.out_of_time = elapsed >= bound
+    return run.out_of_time
+
+
 def _finish(step: Callable[[int], Any], run: _Run, converged: bool, began: float) -> BatchSizeSearch:
     """After the last trial: the answer confirmed or not, the notes, memory given back."""
     settings = run.settings
     if run.good == 0:
+        before = f" before time_limit={settings.time_limit:g} s passed" if run.out_of_time else ""
         raise OutOfMemory(
-            f"no batch size fit in {len(run.trials)} trials (smallest tried: "
-            f"{min(t.batch_size for t in run.trials)}); raise max_trials or start lower",
+            f"no batch size fit in {len(run.trials)} trials{before} (smallest tried: "
+            f"{min(t.batch_size for t in run.trials)}); start lower, or raise "
+            + ("time_limit" if run.out_of_time else "max_trials"),
             None,
         )
     # stacklevel 4: _finish, _search, find_batch_size (or the decorated function), the caller.
     spent = (
-        f"max_trials={settings.max_trials} calls of the step ran out before the answer was within "
-        f"margin={settings.margin}; returning {run.good}, the largest size that ran"
-    )
+        f"time_limit={settings.time_limit:g} s passed after {run.calls} call(s) of the step"
+        if run.out_of_time
+        else f"max_trials={settings.max_trials} calls of the step ran out"
+    ) + (f" before the answer was within margin={settings.margin}; returning {run.good}, the largest size that ran")
     if not converged:
         warnings.warn(f"find_batch_size: {spent}", UnimemWarning, stacklevel=4)
     answer, confirmations, confirmed, notes = _conclude(step, run)
@@ -1176,6 +1302,8 @@ def _finish(step: Callable[[int], Any], run: _Run, converged: bool, began: float
         notes.append("no memory limit known: searched by doubling and bisection, without a model")
     if run.scale is not None and run.scale.distrust is not None:
         notes.append(f"predictions (lower=) set aside: {run.scale.distrust}")
+    if run.host is not None:
+        notes.append(run.host.note())
     if not converged:
         notes.insert(0, spent)
     scale = run.scale
@@ -1203,6 +1331,7 @@ def _finish(step: Callable[[int], Any], run: _Run, converged: bool, began: float
         predictions=() if scale is None else tuple(sorted(scale.memo.items())),
         world_size=world,
         plan=None if target is None else plan_accumulation(target, answer, world),
+        time_limit_passed=run.out_of_time,
     )
 
 
@@ -1213,7 +1342,9 @@ def _conclude(step: Callable[[int], Any], run: _Run) -> tuple[int, tuple[Trial, 
     """After the search: the answer re-run or not (see ``_confirm``), and the notes on what
     the peaks and the failed trials showed."""
     good, limit, kept_total = run.good, run.limit, run.kept_total
-    notes = [note for note in (saturation_note(run.points, limit, good), _kept_note(run)) if note]
+    cause = _saturation_cause(run)
+    saturated = None if cause is None else saturation_note(run.points, limit, good, cause)
+    notes = [note for note in (saturated, _kept_note(run)) if note]
     ran = max((t for t in run.trials if t.fits and t.batch_size == good), key=lambda t: t.peak or 0)
     if run.settings.confirm and limit is not None and kept_total and ran.peak and ran.peak + kept_total > limit:
         # Its peak no longer fits beside what the failed trials kept: re-running it (and one
@@ -1225,7 +1356,11 @@ def _conclude(step: Callable[[int], Any], run: _Run) -> tuple[int, tuple[Trial, 
         )
         return good, (), False, notes
     answer, confirmations, confirmed = _confirm(step, run)
-    spent = f"max_trials={run.settings.max_trials} spent"
+    spent = (
+        f"time_limit={run.settings.time_limit:g} s passed"
+        if run.out_of_time
+        else f"max_trials={run.settings.max_trials} spent"
+    )
     if confirmed is None and run.settings.confirm and _failed_after(run):
         notes.append(f"{good} was not re-run after the search's last failure: {spent}")
     if confirmed is False:
@@ -1236,6 +1371,15 @@ def _conclude(step: Callable[[int], Any], run: _Run) -> tuple[int, tuple[Trial, 
             f"start a fresh process with batch size {good}"
         )
     return answer, confirmations, confirmed, notes
+
+
+def _saturation_cause(run: _Run) -> str | None:
+    """How the framework searched saves memory near its limit, in its own words; the neutral words
+    where no framework's figures are read; None for a framework that never does (no note then)."""
+    adapter = run.adapter
+    if adapter is None:
+        return SATURATION_CAUSE
+    return adapter.saturation_cause if adapter.rematerializes else None
 
 
 def _failed_after(run: _Run) -> bool:
@@ -1289,7 +1433,7 @@ def _confirm(step: Callable[[int], Any], run: _Run) -> tuple[int, tuple[Trial, .
     (``Backend.settle_call``). Every call counts against ``max_trials``.
     Returns the answer, the re-runs, and whether one ran (None: not needed, or no call left)."""
     settings, good = run.settings, run.good
-    if not settings.confirm or not _failed_after(run):
+    if not settings.confirm or run.out_of_time or not _failed_after(run):
         return good, (), None
     done: list[Trial] = []
     # One step down: the smallest size still within the margin of any size below ``good``.
@@ -1331,6 +1475,7 @@ def find_batch_size(
     target_global_batch: int | None = ...,
     timeout: float = ...,
     collective: bool | None = ...,
+    time_limit: float | None = ...,
 ) -> int: ...
 
 
@@ -1355,6 +1500,7 @@ def find_batch_size(
     target_global_batch: int | None = ...,
     timeout: float = ...,
     collective: bool | None = ...,
+    time_limit: float | None = ...,
 ) -> BatchSizeSearch: ...
 
 
@@ -1379,6 +1525,7 @@ def find_batch_size(
     target_global_batch: int | None = ...,
     timeout: float = ...,
     collective: bool | None = ...,
+    time_limit: float | None = ...,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 
 
@@ -1402,17 +1549,26 @@ def find_batch_size(
     target_global_batch: int | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     collective: bool | None = None,
+    time_limit: float | None = None,
 ) -> int | BatchSizeSearch | Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The largest batch size for which ``step(batch_size)`` runs without running out of memory.
 
     Afterwards the process holds no more memory than before: the failed trials' references are
     dropped and ``clear_cache`` runs. Memory figures make it fast: each trial's peak, fitted
     linearly, predicts the size that reaches ``limit``; with ``baseline``, one trial already gives
-    a size that surely fits. Where the figures are None (the CPU, a framework that keeps none)
-    and no ``measure=`` is given, the search doubles from ``start`` until a failure and then
-    bisects: it still finds the size, in more trials. Every call of ``step`` counts against
-    ``max_trials``, and the search always ends: a failure refutes what said it would fit, and
-    a bracket two trials did not halve is bisected.
+    a size that surely fits. Every call of ``step`` counts against ``max_trials``, and the search
+    always ends: a failure refutes what said it would fit, and a bracket two trials did not halve
+    is bisected.
+
+    On a host without device figures (no GPU: the frameworks keep none on the CPU) and without
+    ``limit=`` or ``measure=``, a size that does not fit is no error the search can catch: the
+    kernel kills the process. There the search holds the sizes to the host's memory: each trial's
+    peak is the process's resident peak, and the limit is what the process held at the start plus
+    80% of the host's available memory (its memory cgroup's room where less; shared by the ranks
+    of one host), read once at the start and said in ``notes``. A trial whose resident peak passes
+    it counts as one that did not fit, and no size grows more than 8 times past the largest that
+    ran. Where even the host's figures cannot be read, the search doubles from ``start`` until a
+    failure and then bisects.
 
     JAX: each failed trial costs about 10 s and keeps the step's outputs in use for good
     (XLA; measured, held against the cap, and named in ``notes``); when failures cost far more
@@ -1451,7 +1607,8 @@ def find_batch_size(
             (default): ``stats().peak_allocated`` after ``reset_peak()``.
         limit: Bytes (or a size such as ``"20GiB"``) a trial's peak may reach. Default: the
             framework's cap from ``stats().limit``; for torch no more than its pool plus the
-            device's free bytes, less the pool's own overhead.
+            device's free bytes, less the pool's own overhead. On a host without device figures,
+            the host's limit (above), against the process's resident peak.
         baseline: The bytes in use before the search that every peak includes (default:
             ``stats().allocated`` before the search; None with ``measure=`` unless given).
         max_trials: The most calls of ``step`` (default 20), counting every one: the trials and
@@ -1494,6 +1651,14 @@ def find_batch_size(
             but none is: each rank then searches alone). True: a ``ClusterError`` unless such a
             runtime is initialised. False: this process searches alone (one rank searching
             for all of them, say).
+        time_limit: Seconds the whole search may take (a bound of its own: ``timeout`` is only
+            how long ranks wait for each other). Checked after each call of the step, never
+            inside one: once it has passed, no further call starts (nor ``confirm``'s re-run),
+            and the answer is the largest size that ran, with ``converged=False``,
+            ``time_limit_passed=True``, a note and a warning saying so. A call under way runs
+            to its end, so the search can pass the bound by one call (and, with ``lower=``, the
+            compilations placing it). Over ranks the longest any rank has searched counts, so
+            every rank stops after the same call. None (default): no bound.
 
     Returns:
         The answer (``int``), the same on every rank; a ``BatchSizeSearch`` with
@@ -1505,7 +1670,10 @@ def find_batch_size(
             ``limit=`` without any figure to hold it against (no framework, no ``measure=``), and
             several frameworks in use with ``backend=None``: pass ``backend=``.
         OutOfMemory: Even batch size 1 does not fit (``exc.report`` explains it), or no size fit
-            in ``max_trials`` trials: start lower or raise ``max_trials``.
+            in ``max_trials`` trials (or before ``time_limit`` passed): start lower or raise them.
+        Exception: The step's own error (not out of memory), re-raised as it came, with the
+            batch size it was raised at as ``exc.unimem_batch_size`` and in a note
+            (``exc.__notes__``, printed with the traceback on Python 3.11+).
         ClusterError: Over ranks: a rank did not answer within ``timeout`` (the message names
             it), another rank's step raised an error that is not out of memory (every rank
             stops at once, naming it), or the ranks are not at the same point of the search.
@@ -1515,8 +1683,9 @@ def find_batch_size(
             saying so.
 
     Warns:
-        UnimemWarning: ``max_trials`` ran out before the answer was within ``margin``; or the
-            answer did not run again (``confirmed=False``): start a fresh process with it.
+        UnimemWarning: ``max_trials`` ran out, or ``time_limit`` passed, before the answer was
+            within ``margin``; or the answer did not run again (``confirmed=False``): start a
+            fresh process with it.
 
     Example:
         ```python
@@ -1544,9 +1713,11 @@ def find_batch_size(
     shapes are given without a sharding, as above. Each size is compiled once, at most
     ``2 × max_trials`` of them (``compile_calls``); a lowering that runs out of memory means the
     size does not fit; one the framework cannot size is a ``ConfigError`` naming ``lower``
-    before any call of ``step``. With ``lower=``, ``limit=`` needs no other figure. The
-    predictions are held against the measured peaks where there are some, and set aside (with
-    a note) when the runs contradict them.
+    before any call of ``step``. With ``lower=``, ``limit=`` needs no other figure; on a
+    host without device figures and without ``limit=``, the predictions are held against the
+    host's limit (above), beside the process's resident peaks. The predictions are held
+    against the measured peaks where there are some, and set aside (with a note) when the runs
+    contradict them.
     """
     settings = _check(
         start,
@@ -1566,6 +1737,7 @@ def find_batch_size(
         target_global_batch,
         timeout,
         collective,
+        time_limit,
     )
     if step is None:
         return _decorator(settings)

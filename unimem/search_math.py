@@ -11,6 +11,7 @@ import math
 
 __all__ = [
     "MAX_EXTRAPOLATION",
+    "SATURATION_CAUSE",
     "fit",
     "fit_linear",
     "knee",
@@ -305,16 +306,17 @@ def line_bound(points: list[tuple[int, int]], usable: int, baseline: int | None)
     return n2 + math.floor((1.5 * max(room, 0) + PEAK_NOISE * own) / slope)
 
 
-def knee(points: list[tuple[int, int]], limit: int | None) -> int | None:
+def knee(points: list[tuple[int, int]], limit: int | None, noise: float = PEAK_NOISE) -> int | None:
     """Where the peaks stopped growing with the batch near the limit, or None.
 
     XLA rematerializes a step whose peak would pass its limit (it recomputes activations),
     so near the limit the peak grows a small fraction as fast per sample as below it
     (docs/measurements.md, "batch-size search"). Then the peaks say nothing about how much more
     fits, and a line through them predicts far too much. The knee is where the steep line
-    below meets the flat one at the top. Only over a step of 5% or more, and 10x flatter:
-    noise in the peaks (allocator rounding) makes a shorter step of a straight need look
-    flat."""
+    below meets the flat one at the top. Only over a step of 5% or more, 10x flatter as read,
+    and still half as steep with each reading off by ``noise`` (a share of it) the way that
+    hides a knee most: a step of 5% in a line whose readings are each 1% off can read flat
+    (two readings moved 1% each move a rise of a few percent of the peak past zero)."""
     if limit is None or len(points) < 3:
         return None
     ordered = sorted(points)
@@ -322,9 +324,12 @@ def knee(points: list[tuple[int, int]], limit: int | None) -> int | None:
     if q2 < 0.9 * limit or m2 < 1.05 * m1:
         return None
     flat = (q2 - q1) / (m2 - m1)
+    # The top's slope as steep as the readings allow; each slope below as flat as they allow.
+    flat_most = (q2 * (1 + noise) - q1 * (1 - noise)) / (m2 - m1)
     for (n0, p0), (n1, p1) in reversed(list(itertools.pairwise(ordered[:-1]))):
         steep = (p1 - p0) / (n1 - n0)
-        if steep > 0 and flat < 0.1 * steep:
+        steep_least = (p1 * (1 - noise) - p0 * (1 + noise)) / (n1 - n0)
+        if steep > 0 and flat < 0.1 * steep and flat_most < 0.5 * steep_least:
             knee = (q2 - p1 + steep * n1 - flat * m2) / (steep - flat)
             return int(min(max(knee, n0), m2))
     return None
@@ -351,19 +356,25 @@ def ran_past_the_cap(points: list[tuple[int, int]], limit: int, good: int) -> tu
     return None
 
 
-def saturation_note(points: list[tuple[int, int]], limit: int | None, good: int) -> str | None:
-    """Said when the peaks show the framework saving memory to fit: a knee near the limit
-    (see ``knee``), or a size whose peak reached the limit while a larger one, which the
-    peaks' slope says cannot fit, still ran (XLA's, clamped at the cap while rematerializing)."""
+# What a saturation note says saves the memory where no framework names its own way.
+SATURATION_CAUSE = "the step saves memory to fit near the limit (as a framework that recomputes activations does)"
+
+
+def saturation_note(
+    points: list[tuple[int, int]], limit: int | None, good: int, cause: str = SATURATION_CAUSE
+) -> str | None:
+    """Said when the peaks show the step saving memory to fit: a knee near the limit (see
+    ``knee``), or a size whose peak reached the limit while a larger one, which the peaks'
+    slope says cannot fit, still ran (clamped at the cap while the framework saves memory).
+    ``cause`` names how it saves it (the framework's own words: ``Backend.saturation_cause``)."""
     if limit is None:
         return None
-    why = "the framework saves memory to fit (XLA rematerializes: it recomputes activations)"
     bend = knee(points, limit)
     if bend is not None:
         top = max(points)
         return (
             f"above about {bend} the peak stopped growing with the batch ({top[1] / limit:.0%} of the limit at "
-            f"{top[0]}): {why}, so sizes above about {bend} may run slower per sample; time the step before "
+            f"{top[0]}): {cause}, so sizes above about {bend} may run slower per sample; time the step before "
             "taking the largest"
         )
     at_cap = ran_past_the_cap(points, limit, good)
@@ -371,6 +382,6 @@ def saturation_note(points: list[tuple[int, int]], limit: int | None, good: int)
         return None
     n, peak = at_cap
     return (
-        f"at {n} the peak reached the limit ({peak / limit:.1%}), yet sizes up to {good} ran: {why}, so "
+        f"at {n} the peak reached the limit ({peak / limit:.1%}), yet sizes up to {good} ran: {cause}, so "
         f"sizes above {n} may run slower per sample; time the step before taking the largest"
     )

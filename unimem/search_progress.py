@@ -1,7 +1,8 @@
 """What ``find_batch_size`` shows while it runs, and what it attaches to an interrupt.
 
 One line per call of the step (and per compilation, with ``lower=``) on stderr, through
-``rich``, only where a person watches: a terminal, unless ``progress=`` says otherwise. A
+``rich``, only where a person watches: a terminal, unless ``progress=`` says otherwise. Where
+stderr is no terminal (a pipe, a log file) each line stays one line, however long. A
 JAX failure can take half a minute, and a search that prints nothing looks hung.
 """
 
@@ -28,7 +29,11 @@ class Progress:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(stderr=True, highlight=False)
+            console = Console(stderr=True, highlight=False)
+            # A pipe or a log file has no width: rich would wrap at 80 columns, so one line
+            # per call would come out as two. On a terminal rich fits its width.
+            console.soft_wrap = not console.is_terminal
+            self._console = console
         self._console.print(text, markup=False)
 
     def call(

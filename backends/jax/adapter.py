@@ -405,6 +405,7 @@ class JaxBackend(Backend):
     # --- batch-size search (search.py) -------------------------------------------------
     failed_step_keeps_outputs: ClassVar[bool] = True  # XLA never frees a failed execution's outputs
     rematerializes: ClassVar[bool] = True  # XLA recomputes activations to stay under its limit
+    saturation_cause: ClassVar[str] = "XLA rematerializes: it recomputes activations to fit under its limit"
     predicts_concurrently: ClassVar[bool] = True  # XLA compiles with the interpreter released
     kept_outputs_note: ClassVar[str] = (
         "XLA does not free a failed execution's output buffers, which stay in use until the process ends; "
