@@ -34,8 +34,8 @@ from unimem.memory_stats import MemoryStats
 from unimem.support import Phase, Support, When
 
 if TYPE_CHECKING:
-    from unimem.live_objects import LiveMemory
-    from unimem.loss_scaling import LossScaler, ScalerConfig
+    from unimem.diagnose.live_objects import LiveMemory
+    from unimem.training.loss_scaling import LossScaler, ScalerConfig
 
 __all__ = [
     "Backend",
@@ -468,7 +468,7 @@ class Backend(ABC):
         """A cheap ``() -> (allocated, reserved)`` for a monitor's thread, and a note saying why
         there is none. Reads ``(None, None)`` until the runtime has started; never starts it.
 
-        A reader may raise ``unimem.recording.NoFigures`` once it knows it never will have
+        A reader may raise ``unimem.observe.recording.NoFigures`` once it knows it never will have
         figures here (a CPU device): the monitor then stops asking.
 
         Args:
@@ -515,7 +515,7 @@ class Backend(ABC):
 
         Args:
             fn: The block to wrap; called as the framework calls a function it differentiates.
-            policy: ``"full"``, ``"matmuls"`` or ``"offload"`` (``unimem.savers.POLICIES``),
+            policy: ``"full"``, ``"matmuls"`` or ``"offload"`` (``unimem.training.savers.POLICIES``),
                 already validated by the front.
 
         Returns:
@@ -778,10 +778,10 @@ class Backend(ABC):
         raise UnsupportedFeature(self.name, "compare", f"{self.name} runs no workload")
 
     def workload_step(self, workload: str, shapes: Any, dtype: str) -> tuple[Callable[[], None], int]:
-        """``(step, parameter_count)`` of a reference workload (``unimem.workloads``) in this framework.
+        """``(step, parameter_count)`` of a reference workload (``unimem.compare.workloads``) in this framework.
 
         Args:
-            workload: The workload's name, as ``unimem.workloads`` defines it.
+            workload: The workload's name, as ``unimem.compare.workloads`` defines it.
             shapes: The workload's shapes.
             dtype: The dtype name to run it in.
 

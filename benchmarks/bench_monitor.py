@@ -140,7 +140,7 @@ def time_call(fn: Callable[[], object], n: int = 2000) -> float:
 
 
 def part_readers(torch: Any, cuda: bool) -> dict[str, Any]:
-    from unimem.monitoring import counter_reader
+    from unimem.observe.monitor import counter_reader
 
     out: dict[str, Any] = {}
     if cuda:

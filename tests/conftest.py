@@ -16,9 +16,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +128,48 @@ def gather_ranks(world: int, target: str, args: str, deadline: float = 90) -> st
         emit(sorted(results, key=lambda r: r["rank"]))
         """
     )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_ranks(code: str, envs: list[dict[str, str]], timeout: float = 120) -> list[dict]:
+    """Start one interpreter per environment at once; each ``emit``s one result; return them by rank."""
+    script = _EMIT + textwrap.dedent(code)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=subprocess_env(env),
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for env in envs
+    ]
+    deadline = time.monotonic() + timeout
+    results, failures = [], []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            lines = [line for line in out.splitlines() if line.startswith(RESULT_MARK)]
+            if proc.returncode != 0 or len(lines) != 1:
+                failures.append(f"exit {proc.returncode}\n--- stdout ---\n{out[-3000:]}\n--- stderr ---\n{err[-5000:]}")
+            else:
+                results.append(json.loads(lines[0][len(RESULT_MARK) :]))
+    except subprocess.TimeoutExpired:
+        failures.append(f"the ranks did not finish within {timeout} s (a hang)")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    if failures:
+        pytest.fail("\n\n".join(failures), pytrace=False)
+    return results
 
 
 def run_framework_script(framework: str, prelude: dict[str, str], script: str, timeout: float = 240) -> Any:

@@ -34,7 +34,7 @@ INTEGRATIONS = FRONT / "integrations"
 DYNAMIC_IMPORTS = {
     "unimem/registry.py": "imports the adapter its table names, on first use",
     "unimem/__init__.py": "imports its own submodules on first use (PEP 562)",
-    "unimem/monitor_sampler.py": "imports the probe its caller names (a plug-in point tests use)",
+    "unimem/observe/sampler.py": "imports the probe its caller names (a plug-in point tests use)",
     "unimem/_bootstrap/sitecustomize.py": "imports the sitecustomize it shadows, so both run",
 }
 # Modules a framework brings that are names of it too, beside those the registry knows.

@@ -13,7 +13,7 @@ TESTS = Path(__file__).resolve().parent
 
 def _covers_calls() -> list[tuple[str, int, ast.Call]]:
     found = []
-    for path in sorted(TESTS.glob("*.py")):
+    for path in sorted(TESTS.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "covers":
@@ -45,7 +45,7 @@ def test_every_backend_has_cpu_evidence():
 
 
 def test_the_matrix_generator_sees_every_cell_claimed_here():
-    from unimem import matrix
+    from unimem.cli import matrix
 
     claimed = {arg.value for _, _, call in _covers_calls() for arg in call.args if isinstance(arg, ast.Constant)}
     seen = set(matrix.collect_evidence(TESTS.parent).cpu)

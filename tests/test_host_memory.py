@@ -15,7 +15,7 @@ import pytest
 
 import unimem
 from unimem import host_memory
-from unimem.recording import Mark, Recording, Sample
+from unimem.observe.recording import Mark, Recording, Sample
 
 MB = 1_000_000
 TOLERANCE = 10 * MB  # the kernel counts resident pages per CPU and folds them in batches

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
-import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, RESULT_MARK, subprocess_env
+from conftest import free_port, run_ranks, subprocess_env
 
 TORCHRUN = {
     "LOCAL_RANK": "1",
@@ -186,9 +183,9 @@ emit({"rank": rank, "info": [me.rank, me.world_size, me.launcher], "jax": in_for
 
 def test_calls_add_up_in_a_jax_multiprocess_runtime():
     """Two JAX processes of one job (``jax.distributed``): one process per host owns its devices."""
-    port = str(_free_port())
+    port = str(free_port())
     envs = [{"RANK_UNDER_TEST": str(rank), "PORT": port, "JAX_PLATFORMS": "cpu"} for rank in range(2)]
-    results = sorted(_run_ranks(_JAX_RANK, envs), key=lambda r: r["rank"])
+    results = sorted(run_ranks(_JAX_RANK, envs), key=lambda r: r["rank"])
     for rank, result in enumerate(results):
         assert result["info"] == [rank, 2, "jax runtime"]
         jax = result["jax"]
@@ -217,12 +214,6 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _torchrun() -> list[str]:
     """The venv's ``torchrun``, two ranks on this host, on a port of their own."""
     return [
@@ -230,7 +221,7 @@ def _torchrun() -> list[str]:
         "--nproc-per-node",
         "2",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
     ]
 
 
@@ -261,39 +252,3 @@ def test_torchrun_around_unimem_run_with_configure_in_the_script(tmp_path):
     (tmp_path / "script.py").write_text(_SCRIPT)
     inner = ["-m", "unimem", "run", "--fraction", "0.5", "--", sys.executable, "script.py"]
     _each_rank_configured(_launch([*_torchrun(), *inner], tmp_path))
-
-
-def _run_ranks(code: str, envs: list[dict[str, str]], timeout: float = 120) -> list[dict]:
-    """One interpreter per environment, all at once; each ``emit``s one result."""
-    emit = f"import json as _json\ndef emit(obj):\n    print({RESULT_MARK!r} + _json.dumps(obj), flush=True)\n"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", emit + textwrap.dedent(code)],
-            env=subprocess_env(env),
-            cwd=str(REPO),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for env in envs
-    ]
-    deadline = time.monotonic() + timeout
-    results, failures = [], []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            lines = [line for line in out.splitlines() if line.startswith(RESULT_MARK)]
-            if proc.returncode != 0 or len(lines) != 1:
-                failures.append(f"exit {proc.returncode}\n--- stdout ---\n{out[-3000:]}\n--- stderr ---\n{err[-5000:]}")
-            else:
-                results.append(json.loads(lines[0][len(RESULT_MARK) :]))
-    except subprocess.TimeoutExpired:
-        failures.append(f"the ranks did not finish within {timeout} s (a hang)")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    if failures:
-        pytest.fail("\n\n".join(failures), pytrace=False)
-    return results

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from unimem.backends.nvml import gate as nvml_gate
 
 import unimem
-from unimem.cli import main as cli_main
+from unimem.cli.main import main as cli_main
 
 # A word, a colon, and the same word again: "nvml: nvml:", "NVML: nvml:", "backend: backend:".
 DOUBLED = re.compile(r"\b([\w.'-]+):\s+\1:", re.IGNORECASE)
@@ -104,7 +104,7 @@ def test_a_bad_option_is_named_once_by_its_option(args: list[str], option: str) 
 
 
 def test_plot_without_matplotlib_names_the_command_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from unimem.recording import Recording, Sample
+    from unimem.observe.recording import Recording, Sample
 
     saved = Recording([Sample(1.0, "device", host_rss=1 << 20)]).to_json(tmp_path / "memory.json")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where the plot extra is not installed

@@ -18,10 +18,10 @@ def test_the_front_imports_no_framework_and_no_nvml(pyjson):
         R["after_import"] = [m for m in {HEAVY!r} if m in sys.modules]
         R["available"] = unimem.available_backends()
         R["tables"] = {{b: sorted(unimem.capabilities(b)) for b in ("torch", "tensorflow", "tf", "jax", "nvml")}}
-        R["has_matrix"] = importlib.util.find_spec("unimem.matrix") is not None
+        R["has_matrix"] = importlib.util.find_spec("unimem.cli.matrix") is not None
         if R["has_matrix"]:
-            import unimem.matrix
-            text = unimem.matrix.render()
+            import unimem.cli.matrix
+            text = unimem.cli.matrix.render()
             R["matrix"] = [type(text).__name__, len(text), "| feature |" in text]
         R["phases"] = {{}}
         from unimem import registry

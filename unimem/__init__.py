@@ -33,14 +33,14 @@ _LAZY: dict[str, str] = {
     "UnimemWarning": "errors",
     "UnsupportedFeature": "errors",
     "available_backends": "registry",
-    "AccumulationPlan": "accumulation",
-    "MicroBatch": "accumulation",
-    "accumulate": "accumulation",
-    "accumulate_grads": "accumulation",
-    "plan_accumulation": "accumulation",
-    "ClusterError": "cluster",
-    "ClusterStats": "cluster",
-    "cluster_stats": "cluster",
+    "AccumulationPlan": "training.accumulation",
+    "MicroBatch": "training.accumulation",
+    "accumulate": "training.accumulation",
+    "accumulate_grads": "training.accumulation",
+    "plan_accumulation": "training.accumulation",
+    "ClusterError": "observe.cluster",
+    "ClusterStats": "observe.cluster",
+    "cluster_stats": "observe.cluster",
     "RankInfo": "ranks",
     "StrayMemory": "ranks",
     "local_device": "ranks",
@@ -54,45 +54,44 @@ _LAZY: dict[str, str] = {
     "Phase": "support",
     "Support": "support",
     "When": "support",
-    "BatchSizeSearch": "batch_size",
-    "Trial": "batch_size",
-    "find_batch_size": "batch_size",
-    "MemoryHook": "hook",
-    "LossScaler": "loss_scaling",
-    "Monitor": "monitoring",
-    "monitor": "monitoring",
-    "is_oom": "oom",
-    "oom_guard": "oom",
-    "OOMReport": "oom_report",
-    "Suggestion": "oom_report",
+    "BatchSizeSearch": "search.batch_size",
+    "Trial": "search.batch_size",
+    "find_batch_size": "search.batch_size",
+    "MemoryHook": "observe.hook",
+    "LossScaler": "training.loss_scaling",
+    "Monitor": "observe.monitor",
+    "monitor": "observe.monitor",
+    "is_oom": "diagnose.guard",
+    "oom_guard": "diagnose.guard",
+    "OOMReport": "diagnose.report",
+    "Suggestion": "diagnose.report",
     "Fragmentation": "pool_fragmentation",
     "fragmentation": "pool_fragmentation",
-    "Policy": "precision",
-    "mixed_precision": "precision",
-    "offload": "savers",
-    "remat": "savers",
-    "Profile": "profiling",
-    "profile": "profiling",
-    "RankLine": "plotting",
-    "RanksPlot": "plotting",
-    "plot_recordings": "plotting",
-    "Mark": "recording",
-    "Recording": "recording",
-    "Sample": "recording",
-    "load_recording": "recording",
-    "Tracked": "tracking",
-    "track": "tracking",
+    "Policy": "training.precision",
+    "mixed_precision": "training.precision",
+    "offload": "training.savers",
+    "remat": "training.savers",
+    "Profile": "observe.profile",
+    "profile": "observe.profile",
+    "RankLine": "observe.plotting",
+    "RanksPlot": "observe.plotting",
+    "plot_recordings": "observe.plotting",
+    "Mark": "observe.recording",
+    "Recording": "observe.recording",
+    "Sample": "observe.recording",
+    "load_recording": "observe.recording",
+    "Tracked": "observe.track",
+    "track": "observe.track",
 }
 
 if TYPE_CHECKING:
     from typing import Any
 
-    from .accumulation import AccumulationPlan, MicroBatch, accumulate, accumulate_grads, plan_accumulation
-    from .api import capabilities, clear_cache, configure, configure_from_env, reset_peak, stats, summary
-    from .applied import Action, Applied
-    from .batch_size import BatchSizeSearch, Trial, find_batch_size
-    from .cluster import ClusterError, ClusterStats, cluster_stats
-    from .errors import (
+    from unimem.api import capabilities, clear_cache, configure, configure_from_env, reset_peak, stats, summary
+    from unimem.applied import Action, Applied
+    from unimem.diagnose.guard import is_oom, oom_guard
+    from unimem.diagnose.report import OOMReport, Suggestion
+    from unimem.errors import (
         BackendUnavailable,
         ConfigError,
         OutOfMemory,
@@ -101,24 +100,31 @@ if TYPE_CHECKING:
         UnimemWarning,
         UnsupportedFeature,
     )
-    from .hook import MemoryHook
-    from .in_force import BackendConfiguration, Configuration, configuration
-    from .loss_scaling import LossScaler
-    from .memory_stats import MemoryStats
-    from .monitoring import Monitor, monitor
-    from .oom import is_oom, oom_guard
-    from .oom_report import OOMReport, Suggestion
-    from .plotting import RankLine, RanksPlot, plot_recordings
-    from .pool_fragmentation import Fragmentation, fragmentation
-    from .precision import Policy, mixed_precision
-    from .profiling import Profile, profile
-    from .ranks import RankInfo, StrayMemory, local_device, rank_info, rank_path, stray_memory
-    from .recording import Mark, Recording, Sample, load_recording
-    from .registry import available_backends
-    from .savers import offload, remat
-    from .sizes import format_bytes, parse_size
-    from .support import Level, Phase, Support, When
-    from .tracking import Tracked, track
+    from unimem.in_force import BackendConfiguration, Configuration, configuration
+    from unimem.memory_stats import MemoryStats
+    from unimem.observe.cluster import ClusterError, ClusterStats, cluster_stats
+    from unimem.observe.hook import MemoryHook
+    from unimem.observe.monitor import Monitor, monitor
+    from unimem.observe.plotting import RankLine, RanksPlot, plot_recordings
+    from unimem.observe.profile import Profile, profile
+    from unimem.observe.recording import Mark, Recording, Sample, load_recording
+    from unimem.observe.track import Tracked, track
+    from unimem.pool_fragmentation import Fragmentation, fragmentation
+    from unimem.ranks import RankInfo, StrayMemory, local_device, rank_info, rank_path, stray_memory
+    from unimem.registry import available_backends
+    from unimem.search.batch_size import BatchSizeSearch, Trial, find_batch_size
+    from unimem.sizes import format_bytes, parse_size
+    from unimem.support import Level, Phase, Support, When
+    from unimem.training.accumulation import (
+        AccumulationPlan,
+        MicroBatch,
+        accumulate,
+        accumulate_grads,
+        plan_accumulation,
+    )
+    from unimem.training.loss_scaling import LossScaler
+    from unimem.training.precision import Policy, mixed_precision
+    from unimem.training.savers import offload, remat
 
 
 def __getattr__(name: str) -> Any:

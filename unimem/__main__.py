@@ -1,3 +1,3 @@
-from unimem.cli import main
+from unimem.cli.main import main
 
 main(prog_name="unimem")

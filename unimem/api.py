@@ -9,12 +9,12 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import host_memory, in_force, ranks, registry
-from .applied import Action, Applied
-from .config import ENV_VARS, Request, Settings, check_device, parse_env
-from .errors import BackendUnavailable, ConfigError, TooLateError, UnimemWarning, UnsupportedFeature
-from .memory_stats import MemoryStats, with_host_rss
-from .support import Support
+from unimem import host_memory, in_force, ranks, registry
+from unimem.applied import Action, Applied
+from unimem.config import ENV_VARS, Request, Settings, check_device, parse_env
+from unimem.errors import BackendUnavailable, ConfigError, TooLateError, UnimemWarning, UnsupportedFeature
+from unimem.memory_stats import MemoryStats, with_host_rss
+from unimem.support import Support
 
 if TYPE_CHECKING:
     from unimem.backends.base import Step
@@ -584,7 +584,7 @@ def summary(backend: str | None = None, device: int = 0) -> str:
         print(unimem.summary("torch"))
         ```
     """
-    from .pool_fragmentation import with_fragmentation
+    from unimem.pool_fragmentation import with_fragmentation
 
     snapshot = with_fragmentation(stats(backend, device))
     backend_obj = registry.get_backend(snapshot.backend)

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .errors import ConfigError
-from .registry import canonical_name, is_framework
-from .sizes import parse_size
+from unimem.errors import ConfigError
+from unimem.registry import canonical_name, is_framework
+from unimem.sizes import parse_size
 
 __all__ = ["ALLOCATORS", "ENV_VARS", "Request", "Settings", "parse_env"]
 

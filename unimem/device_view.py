@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from . import registry
-from .errors import BackendUnavailable
+from unimem import registry
+from unimem.errors import BackendUnavailable
 
 if TYPE_CHECKING:
     from unimem.backends.nvml.adapter import NvmlBackend

@@ -17,10 +17,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import device_view, registry
-from .applied import Action, action_table
-from .config import Settings
-from .errors import BackendUnavailable, ConfigError, UnimemWarning
+from unimem import device_view, registry
+from unimem.applied import Action, action_table
+from unimem.config import Settings
+from unimem.errors import BackendUnavailable, ConfigError, UnimemWarning
 
 if TYPE_CHECKING:
     from unimem.backends.base import Step

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sizes import format_bytes
+from unimem.sizes import format_bytes
 
 __all__ = ["MemoryStats", "with_host_rss"]
 

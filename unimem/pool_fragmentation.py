@@ -13,10 +13,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from . import registry
-from .config import check_device
-from .memory_stats import MemoryStats
-from .sizes import format_bytes
+from unimem import registry
+from unimem.config import check_device
+from unimem.memory_stats import MemoryStats
+from unimem.sizes import format_bytes
 
 __all__ = ["Fragmentation", "fragmentation", "with_fragmentation"]
 

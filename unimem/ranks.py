@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import device_view, in_force, registry
-from .config import Settings
-from .errors import ConfigError, UnimemWarning
-from .sizes import format_bytes
+from unimem import device_view, in_force, registry
+from unimem.config import Settings
+from unimem.errors import ConfigError, UnimemWarning
+from unimem.sizes import format_bytes
 
 if TYPE_CHECKING:
     from unimem.backends.base import Step

@@ -33,8 +33,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from .errors import BackendUnavailable, ConfigError
-from .support import Phase, Support
+from unimem.errors import BackendUnavailable, ConfigError
+from unimem.support import Phase, Support
 
 if TYPE_CHECKING:
     from unimem.backends.base import Backend
@@ -126,7 +126,7 @@ def _discover() -> None:
             except Exception as exc:  # a broken plug-in must not break unimem: it is left out, with the reason
                 import warnings
 
-                from .errors import UnimemWarning
+                from unimem.errors import UnimemWarning
 
                 warnings.warn(
                     f"backend plug-in {point.name!r} ({point.value}) not loaded: {exc}", UnimemWarning, stacklevel=3

@@ -6,7 +6,7 @@ import math
 import re
 from decimal import Decimal
 
-from .errors import ConfigError
+from unimem.errors import ConfigError
 
 __all__ = ["format_bytes", "parse_size"]
 

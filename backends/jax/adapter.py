@@ -37,7 +37,7 @@ from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
 if TYPE_CHECKING:
-    from unimem.live_objects import LiveMemory
+    from unimem.diagnose.live_objects import LiveMemory
 
 __all__ = ["JaxBackend"]
 

@@ -11,7 +11,7 @@ import sys
 
 from unimem.backends.base import error_class_in
 
-from unimem.live_objects import LiveMemory, LiveObject, Tally
+from unimem.diagnose.live_objects import LiveMemory, LiveObject, Tally
 
 ERROR_MODULES = ("jax", "jaxlib")
 _RUNTIME_ERRORS = (("jax", "JaxRuntimeError"), ("jaxlib", "XlaRuntimeError"), ("jax", "XlaRuntimeError"))

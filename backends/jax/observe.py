@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unimem.errors import UnimemWarning
-from unimem.recording import NoFigures
+from unimem.observe.recording import NoFigures
 from unimem.support import Phase
 
 if TYPE_CHECKING:

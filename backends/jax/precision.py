@@ -19,7 +19,7 @@ from typing import Any
 from unimem.backends.jax import runtime
 
 from unimem.errors import UnsupportedFeature
-from unimem.loss_scaling import LossScaler, NoLossScaling, ScalerConfig
+from unimem.training.loss_scaling import LossScaler, NoLossScaling, ScalerConfig
 
 __all__ = ["JaxLossScaler", "JaxNoLossScaling", "cast", "check", "device", "dtype", "enable", "loss_scaler"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from unimem.backends.base import error_class_in
 
-from unimem.live_objects import LiveMemory, LiveObject, Tally
+from unimem.diagnose.live_objects import LiveMemory, LiveObject, Tally
 
 ERROR_MODULES = ("tensorflow",)
 _EXHAUSTED = (("tensorflow", "ResourceExhaustedError"),)

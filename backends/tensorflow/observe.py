@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unimem.errors import UnsupportedFeature
-from unimem.recording import NoFigures
+from unimem.observe.recording import NoFigures
 from unimem.support import Phase
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""The ``unimem compare`` workloads in TensorFlow (the math is ``unimem.workloads.forward``).
+"""The ``unimem compare`` workloads in TensorFlow (the math is ``unimem.compare.workloads.forward``).
 
 Reached through ``TensorFlowBackend.workload_step`` and ``start_device``; imports
 tensorflow inside each function, so importing this module costs nothing.
@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from unimem.workloads import LEARNING_RATE, Shapes, input_shape, loss_function, parameter_count, parameter_shapes
+from unimem.compare.workloads import (
+    LEARNING_RATE,
+    Shapes,
+    input_shape,
+    loss_function,
+    parameter_count,
+    parameter_shapes,
+)
 
 __all__ = ["build", "start_device"]
 

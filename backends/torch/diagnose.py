@@ -12,7 +12,7 @@ from typing import Any
 
 from unimem.backends.base import error_class_in
 
-from unimem.live_objects import LiveMemory, LiveObject, Tally
+from unimem.diagnose.live_objects import LiveMemory, LiveObject, Tally
 
 ERROR_MODULES = ("torch",)
 # ``torch.cuda.OutOfMemoryError`` is the same class, defined in torch's own module.

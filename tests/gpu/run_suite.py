@@ -5,7 +5,7 @@
 pytest runs in a subprocess with ``UNIMEM_REQUIRE_GPU=1`` (a missing GPU fails rather
 than skips); the suite's conftest writes each test's outcome, covers and figures, and
 this script adds the machine, driver and versions. The schema, which
-``unimem/matrix.py`` reads, is::
+``unimem/cli/matrix.py`` reads, is::
 
     {"machine": str, "gpu": str, "driver": str, "cuda": str | None, "python": str,
      "versions": {"torch", "jax", "jaxlib", "nvidia-ml-py", "unimem"}, "date": "YYYY-MM-DD",

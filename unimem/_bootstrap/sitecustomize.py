@@ -25,7 +25,7 @@ def _apply() -> None:
         return
     import warnings
 
-    from unimem.run import one_line_warnings
+    from unimem.cli.run import one_line_warnings
 
     # unimem's warnings later in the command (a cap hook that fires at the framework's import)
     # print as one line: the source line Python would show is unimem's own, not the script's.

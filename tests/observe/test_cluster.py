@@ -1,0 +1,267 @@
+"""The cluster view over real multi-process runs on the CPU, and launching under torchrun.
+
+torch: 4 processes on gloo, as torchrun would start them on two nodes of two ranks each
+(``GROUP_RANK`` is the node). JAX: 2 processes through its CPU multi-process runtime. Each
+rank holds a different, known number of bytes; the view must put each figure under the
+right rank, node and local rank. A rank asking alone must come back within its timeout
+(each run has its own timeout, so a hang fails the test).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import free_port, gather_ranks, run_json, run_ranks, subprocess_env
+
+import unimem
+from unimem.errors import ConfigError
+from unimem.observe.cluster import ClusterError, ClusterStats, RankStats
+
+MiB = 1 << 20
+
+
+_TORCH_RANKS = """
+import multiprocessing, os, time, warnings
+import torch, torch.distributed as dist
+import unimem
+
+
+def rank_main(rank, port, queue):
+    # As torchrun starts them on 2 nodes of 2 ranks: GROUP_RANK is the node.
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank), "WORLD_SIZE": "4",
+                       "LOCAL_RANK": str(rank % 2), "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": str(rank // 2),
+                       "TORCHELASTIC_RUN_ID": "test"})
+    dist.init_process_group("gloo")
+    held = torch.ones((rank + 1) * 48 * 2**20, dtype=torch.uint8)  # resident: (rank + 1) x 48 MiB
+    known = unimem.MemoryStats("torch", 0, allocated=(rank + 1) * 1000, peak_allocated=(rank + 1) * 2000)
+    measured = unimem.cluster_stats(timeout=60)
+    given = unimem.cluster_stats(snapshot=known, timeout=60)
+    me = unimem.rank_info()
+    out = {"rank": rank, "info": [me.rank, me.world_size, me.local_rank, me.node, me.launcher]}
+    out.update(measured=measured.as_dict(), given=given.as_dict(), table=str(given))
+    if rank == 0:  # misuse: rank 0 asks alone
+        started = time.monotonic()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            alone = unimem.cluster_stats(snapshot=known, timeout=2)
+        out["alone"] = {"missing": list(alone.missing), "seconds": time.monotonic() - started,
+                        "warnings": [str(w.message) for w in caught], "table": str(alone)}
+    queue.put(out)
+    del held
+
+
+"""
+
+
+@pytest.fixture(scope="module")
+def torch_run():
+    """4 gloo ranks on 2 simulated nodes (one run, several tests read it)."""
+    results = run_json(
+        (_TORCH_RANKS + gather_ranks(4, "rank_main", "rank, FREE_PORT, queue")).replace(
+            "FREE_PORT", repr(str(free_port()))
+        ),
+        timeout=150,
+    )
+    return {r["rank"]: r for r in results}
+
+
+def test_every_rank_reads_its_node_and_local_rank(torch_run):
+    for rank, result in torch_run.items():
+        assert result["info"] == [rank, 4, rank % 2, rank // 2, "torchrun"]
+
+
+@pytest.mark.covers("torch:ranks.cluster")
+def test_the_view_gathers_every_rank_under_the_right_rank(torch_run):
+    for result in torch_run.values():  # every rank gets the whole view
+        view = result["given"]
+        assert view["world_size"] == 4 and view["missing"] == [] and view["transport"] == "torch runtime"
+        for rank, answer in view["per_rank"].items():
+            rank = int(rank)
+            assert answer["rank"] == rank and answer["figures"]["allocated"] == (rank + 1) * 1000
+            assert (answer["local_rank"], answer["node"]) == (rank % 2, rank // 2)
+        assert (view["min"]["allocated"], view["max"]["allocated"], view["mean"]["allocated"]) == (1000, 4000, 2500)
+        assert view["outlier"] == {"rank": 3, "figure": "peak_allocated", "value": 8000, "mean": 5000.0}
+    table = torch_run[0]["table"]
+    assert "outlier: rank 3" in table and "mean" in table
+
+
+def test_measured_host_memory_differs_by_rank_as_allocated(torch_run):
+    per_rank = torch_run[1]["measured"]["per_rank"]
+    rss = [per_rank[str(rank)]["figures"].get("host_rss") for rank in range(4)]
+    if rss[0] is None:
+        pytest.skip("MemoryStats has no host_rss figure here")
+    steps = [later - earlier for earlier, later in zip(rss, rss[1:], strict=False)]
+    assert all(step > 24 * MiB for step in steps), rss  # each rank holds 48 MiB more than the one before
+    assert (
+        torch_run[1]["measured"]["outlier"]["rank"] == 3 or torch_run[1]["measured"]["outlier"]["figure"] != "host_rss"
+    )
+
+
+@pytest.mark.covers("torch:ranks.cluster")
+def test_a_rank_asking_alone_returns_within_the_timeout(torch_run):
+    alone = torch_run[0]["alone"]
+    assert alone["missing"] == [1, 2, 3] and alone["seconds"] < 15
+    assert any("did not answer" in w and "every rank must call" in w for w in alone["warnings"])
+    assert "did not answer" in alone["table"]
+
+
+_JAX_RANKS = """
+import os, time, warnings
+import jax
+import unimem
+
+rank = int(os.environ["RANK_UNDER_TEST"])
+jax.distributed.initialize(coordinator_address="127.0.0.1:" + os.environ["PORT"], num_processes=2, process_id=rank)
+me = unimem.rank_info()
+known = unimem.MemoryStats("jax", 0, allocated=(rank + 1) * 3000)
+view = unimem.cluster_stats(snapshot=known, timeout=60)
+out = {"rank": rank, "info": [me.rank, me.world_size, me.launcher], "view": view.as_dict()}
+if rank == 0:
+    started = time.monotonic()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        alone = unimem.cluster_stats(snapshot=known, timeout=2)
+    out["alone"] = [list(alone.missing), time.monotonic() - started]
+emit(out)
+"""
+
+
+@pytest.mark.covers("jax:ranks.cluster")
+def test_jax_multiprocess_runtime_gathers_and_a_lone_rank_returns():
+    port = str(free_port())
+    envs = [{"RANK_UNDER_TEST": str(rank), "PORT": port, "JAX_PLATFORMS": "cpu"} for rank in range(2)]
+    results = {r["rank"]: r for r in run_ranks(_JAX_RANKS, envs, timeout=120)}
+    for rank, result in results.items():
+        assert result["info"] == [rank, 2, "jax runtime"]  # read from jax.distributed, no launcher variables
+        view = result["view"]
+        assert view["transport"] == "jax runtime" and view["missing"] == []
+        assert [view["per_rank"][str(r)]["figures"]["allocated"] for r in range(2)] == [3000, 6000]
+        assert view["outlier"]["rank"] == 1
+    missing, seconds = results[0]["alone"]
+    assert missing == [1] and seconds < 15
+
+
+# --- launching: unimem run around torchrun, and torchrun around unimem run ------------------------
+
+_WORKER = """
+import json, os, sys
+from unimem.backends.base import pending_hooks
+import unimem
+print("WORKER " + json.dumps({"rank": os.environ.get("LOCAL_RANK"), "hooks": pending_hooks("torch"),
+      "local_device": unimem.local_device(), "run": os.environ.get("UNIMEM_RUN")}), flush=True)
+"""
+
+
+def _torchrun(port: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+    ]
+
+
+def _workers(proc: subprocess.CompletedProcess[str]) -> dict[str, dict]:
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    # The workers share torchrun's stdout: their lines may interleave, so each object is matched alone.
+    found = [json.loads(match) for match in re.findall(r"WORKER (\{[^{}]*\})", proc.stdout)]
+    return {w["rank"]: w for w in found}
+
+
+def test_unimem_run_around_torchrun_configures_every_worker(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(_WORKER)
+    unimem_run = [sys.executable, "-m", "unimem", "run", "-b", "torch", "--fraction", "0.5", "-v", "--"]
+    proc = subprocess.run(
+        [*unimem_run, *_torchrun(free_port()), str(script)],
+        env=subprocess_env({"CUDA_VISIBLE_DEVICES": "0,1"}),
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    workers = _workers(proc)
+    assert set(workers) == {"0", "1"}
+    for rank, worker in workers.items():
+        assert worker["run"] == "1" and "unimem.torch.at_init" in worker["hooks"]
+        assert worker["local_device"] == int(rank)
+    for rank in ("0", "1"):  # each worker's own Applied, printed by its startup hook
+        assert f"torch.cuda.set_device({rank}) at CUDA init" in proc.stderr
+
+
+def test_torchrun_around_unimem_run_configures_every_worker(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(_WORKER)
+    inner = ["-m", "unimem", "run", "-b", "torch", "--fraction", "0.5", "-v", "--", sys.executable, str(script)]
+    proc = subprocess.run(
+        [*_torchrun(free_port()), *inner],
+        env=subprocess_env({"CUDA_VISIBLE_DEVICES": "0,1"}),
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    workers = _workers(proc)
+    assert set(workers) == {"0", "1"} and all("unimem.torch.at_init" in w["hooks"] for w in workers.values())
+    assert "torch.cuda.set_device(1) at CUDA init" in proc.stderr
+
+
+# --- one process, and misuse ------------------------------------------------------------------
+
+
+def test_a_single_process_answers_for_itself():
+    view = unimem.cluster_stats(snapshot=unimem.MemoryStats("torch", 0, allocated=5), timeout=1)
+    assert view.world_size == 1 and view.transport == "single process" and view.missing == ()
+    assert view.per_rank[0].figures["allocated"] == 5 and view.outlier is None
+    assert "rank" in str(view)
+
+
+def test_several_ranks_without_a_runtime_is_a_clear_error(pyjson):
+    code = """
+    import unimem
+    try:
+        unimem.cluster_stats()
+    except unimem.ClusterError as exc:
+        emit(str(exc))
+    """
+    message = pyjson(code, env={"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+    assert "rank 0 of 2" in message and "init_process_group" in message
+
+
+def test_arguments_are_checked_before_anything_is_sent():
+    with pytest.raises(ConfigError) as caught:
+        unimem.cluster_stats(timeout=0)
+    assert caught.value.parameter == "timeout"
+    with pytest.raises(ConfigError) as caught:
+        unimem.cluster_stats(snapshot={"allocated": 1})  # type: ignore[arg-type]
+    assert caught.value.parameter == "snapshot"
+    assert issubclass(ClusterError, unimem.UnimemError)
+
+
+def _answer(rank: int, **figures: int | None) -> RankStats:
+    return RankStats(rank, rank % 2, rank // 2, "host", 100 + rank, rank % 2, "torch", dict(figures))
+
+
+def test_spread_over_ranks_ignores_unknown_figures_and_missing_ranks():
+    view = ClusterStats(
+        3,
+        {0: _answer(0, allocated=10, reserved=None), 1: None, 2: _answer(2, allocated=30, reserved=None)},
+        "torch runtime",
+    )
+    assert view.missing == (1,) and view.figures == ("allocated",)
+    assert (view.min["allocated"], view.max["allocated"], view.mean["allocated"]) == (10, 30, 20.0)
+    assert view.min["reserved"] is None
+    assert view.outlier is not None and (view.outlier.rank, view.outlier.figure) == (2, "allocated")
+    lines = str(view).splitlines()
+    assert any(line.startswith("1 ") and "did not answer" in line for line in lines)
+    equal = ClusterStats(2, {0: _answer(0, allocated=7), 1: _answer(1, allocated=7)}, "torch runtime")
+    assert equal.outlier is None

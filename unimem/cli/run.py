@@ -1,0 +1,97 @@
+"""``unimem run``: apply a configuration to a command that was not written for unimem.
+
+The configuration is validated and applied in this process first (a bad value fails
+before the command starts). Variables the frameworks read go into the environment;
+UNIMEM_* variables and a ``sitecustomize`` startup hook on PYTHONPATH carry the
+API-only settings into every Python the command starts. Then this process *becomes*
+the command (``execvpe``): its argv arrives verbatim (no shell), and its exit status
+and signals are the command's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from unimem.applied import Applied
+from unimem.config import ENV_VARS
+from unimem.errors import UnimemWarning
+
+__all__ = ["child_environment", "exec_command", "one_line_warnings"]
+
+BOOTSTRAP = Path(__file__).resolve().parent / "_bootstrap"
+
+
+def _encode(key: str, value: Any) -> str:
+    if isinstance(value, Mapping):
+        return ",".join(f"{name}={_encode(key, item)}" for name, item in value.items())
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def child_environment(settings: Mapping[str, Any], base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment, already configured) plus UNIMEM_*
+    variables for ``settings`` and the startup hook on PYTHONPATH."""
+    env = dict(os.environ if base is None else base)
+    for key, value in settings.items():
+        if value is not None:
+            env[ENV_VARS[key]] = _encode(key, value)
+    env["UNIMEM_RUN"] = "1"
+    previous = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(BOOTSTRAP) + (os.pathsep + previous if previous else "")
+    return env
+
+
+def one_line_warnings() -> None:
+    """Print each ``UnimemWarning`` as one line, ``unimem: <message>``; other warnings as before.
+
+    Python's default format shows the file and source line that called ``warnings.warn``:
+    under ``unimem run`` that is unimem's own code, which tells the user nothing. Installed
+    once per process (a second call changes nothing).
+    """
+    previous = warnings.showwarning
+    if getattr(previous, "unimem_one_line", False):
+        return
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        if not issubclass(category, UnimemWarning):
+            previous(message, category, filename, lineno, file, line)
+            return
+        stream = sys.stderr if file is None else file
+        # No stderr (pythonw) or a closed one: the warning is lost, as Python's own format does.
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            stream.write(f"unimem: {message}\n")
+
+    show.unimem_one_line = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+
+
+def exec_command(command: Sequence[str], settings: Mapping[str, Any], *, verbose: bool = False) -> None:
+    """Configure this process, then replace it with ``command``. Returns only on failure."""
+    import unimem
+
+    one_line_warnings()
+    applied: Applied = unimem.configure(**{k: v for k, v in settings.items() if v is not None})
+    if verbose:
+        sys.stderr.write(f"unimem run: {' '.join(command)}\n{applied}\n")
+    env = child_environment(settings)
+    if verbose:
+        env["UNIMEM_VERBOSE"] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(command[0], list(command), env)

@@ -1,0 +1,356 @@
+"""The cluster view: every rank's ``MemoryStats``, gathered through the framework's own runtime.
+
+Each rank publishes its snapshot under a key of its own in the key-value store of the
+distributed runtime the script initialised (torch's c10d store, JAX's coordinator), then
+reads the others' keys with one deadline for the whole call. It is a collective in that
+every rank must call it; a rank that does not is reported as "did not answer" once the
+deadline passes, and the call returns what it has instead of hanging the job.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import socket
+import time
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from unimem import ranks, registry
+from unimem.api import stats
+from unimem.config import check_device
+from unimem.errors import ConfigError, UnimemError, UnimemWarning
+from unimem.memory_stats import MemoryStats
+from unimem.sizes import format_bytes
+
+if TYPE_CHECKING:
+    from unimem.backends.base import KeyValueStore
+
+__all__ = ["ClusterError", "ClusterStats", "Outlier", "RankStats", "cluster_stats"]
+
+DEFAULT_TIMEOUT = 60.0  # seconds every rank may take to reach the call after the first
+# Figures that count things, not bytes.
+_COUNTS = ("num_allocs", "num_ooms")
+# The figure an outlier is judged by: the first one any rank knows.
+_KEY_FIGURES = ("peak_allocated", "allocated", "peak_reserved", "reserved", "process_used", "host_rss")
+_calls = itertools.count(1)  # every rank numbers its calls alike, so call n's keys meet
+
+
+class ClusterError(UnimemError, RuntimeError):
+    """The cluster view cannot be gathered: the environment says there are several ranks, but no
+    distributed runtime is initialised in this process to gather through.
+
+    Also a ``RuntimeError``. The message says what to initialise.
+    """
+
+
+@dataclass(frozen=True)
+class RankStats:
+    """One rank's answer.
+
+    Attributes:
+        rank (int): Its global rank.
+        local_rank (int | None): Its rank on its node.
+        node (int | None): Its node's index.
+        host (str): Its host name.
+        pid (int): Its process id.
+        device (int): The device its figures are for.
+        backend (str): The backend its figures come from.
+        figures (dict[str, int | None]): Every figure of its ``MemoryStats`` (bytes, or counts for
+            ``num_allocs``/``num_ooms``); None where unknown.
+        stray (tuple[tuple[int, int | None], ...]): ``(NVML index, bytes)`` it holds on GPUs not
+            its own (``unimem.stray_memory``).
+        stray_note (str): Why stray memory could not be checked there, when it could not.
+    """
+
+    rank: int
+    local_rank: int | None
+    node: int | None
+    host: str
+    pid: int
+    device: int
+    backend: str
+    figures: dict[str, int | None]
+    stray: tuple[tuple[int, int | None], ...] = ()
+    stray_note: str = ""
+
+
+@dataclass(frozen=True)
+class Outlier:
+    """The rank with the most of the key figure: the one a cap equal on every rank must fit.
+
+    Attributes:
+        rank (int): The rank.
+        figure (str): The figure judged (the first of peak allocated, allocated, peak reserved,
+            reserved, NVML's process used, host RSS that any rank knows).
+        value (int): Its value there.
+        mean (float): The mean over the ranks that answered.
+    """
+
+    rank: int
+    figure: str
+    value: int
+    mean: float
+
+
+def _figures(snapshot: MemoryStats) -> dict[str, int | None]:
+    skip = ("backend", "device", "timestamp", "fragmentation")
+    return {
+        key: value
+        for key, value in snapshot.as_dict().items()
+        if key not in skip and (value is None or (isinstance(value, int) and not isinstance(value, bool)))
+    }
+
+
+@dataclass(frozen=True)
+class ClusterStats:
+    """Every rank's memory, and the spread over ranks. ``str()`` prints a table.
+
+    Returned by ``unimem.cluster_stats()``.
+
+    Attributes:
+        world_size (int): Ranks in the job.
+        per_rank (dict[int, RankStats | None]): Each rank's answer; None for a rank that did
+            not answer before the deadline.
+        transport (str): What the figures were gathered through (``"torch runtime"``,
+            ``"jax runtime"``, ``"single process"``).
+    """
+
+    world_size: int
+    per_rank: dict[int, RankStats | None]
+    transport: str
+
+    @property
+    def missing(self) -> tuple[int, ...]:
+        """Ranks that did not answer (they never called, or not before the deadline)."""
+        return tuple(rank for rank, answer in sorted(self.per_rank.items()) if answer is None)
+
+    @property
+    def _names(self) -> tuple[str, ...]:
+        """Every figure any rank sent, in ``MemoryStats`` order."""
+        answers = [a for a in self.per_rank.values() if a is not None]
+        return tuple(dict.fromkeys(name for a in answers for name in a.figures))
+
+    @property
+    def figures(self) -> tuple[str, ...]:
+        """The figures some rank knows, in ``MemoryStats`` order."""
+        return tuple(name for name in self._names if self._values(name))
+
+    def _values(self, name: str) -> list[tuple[int, int]]:
+        return [
+            (rank, value)
+            for rank, answer in sorted(self.per_rank.items())
+            if answer is not None and (value := answer.figures.get(name)) is not None
+        ]
+
+    @property
+    def min(self) -> dict[str, int | None]:
+        """Smallest value of each figure over the ranks that know it (None: none does)."""
+        return {name: min((v for _, v in self._values(name)), default=None) for name in self._names}
+
+    @property
+    def max(self) -> dict[str, int | None]:
+        """Largest value of each figure over the ranks that know it (None: none does)."""
+        return {name: max((v for _, v in self._values(name)), default=None) for name in self._names}
+
+    @property
+    def mean(self) -> dict[str, float | None]:
+        """Mean of each figure over the ranks that know it (None: none does)."""
+        out: dict[str, float | None] = {}
+        for name in self._names:
+            values = [v for _, v in self._values(name)]
+            out[name] = sum(values) / len(values) if values else None
+        return out
+
+    @property
+    def outlier(self) -> Outlier | None:
+        """The rank with the most of the key figure; None with fewer than two answers, or all equal."""
+        for name in _KEY_FIGURES:
+            values = self._values(name)
+            if not values:
+                continue
+            if len(values) < 2 or len({v for _, v in values}) == 1:
+                return None
+            rank, value = max(values, key=lambda item: (item[1], -item[0]))
+            return Outlier(rank, name, value, sum(v for _, v in values) / len(values))
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The view as plain data, JSON-ready.
+
+        Returns:
+            ``{"world_size", "transport", "missing", "per_rank": {rank: {...} or None}, "min",
+            "max", "mean", "outlier"}``.
+        """
+        outlier = self.outlier
+        return {
+            "world_size": self.world_size,
+            "transport": self.transport,
+            "missing": list(self.missing),
+            "per_rank": {str(r): None if a is None else a.__dict__ for r, a in sorted(self.per_rank.items())},
+            "min": self.min,
+            "max": self.max,
+            "mean": self.mean,
+            "outlier": None if outlier is None else outlier.__dict__,
+        }
+
+    def __str__(self) -> str:
+        names = self.figures
+        show = {n: (lambda v: "n/a" if v is None else str(round(v))) if n in _COUNTS else format_bytes for n in names}
+        header = ["rank", "node", "local", "device", *names]
+        rows: list[list[str]] = []
+        for rank, answer in sorted(self.per_rank.items()):
+            if answer is None:
+                rows.append([str(rank), "did not answer", *[""] * (len(header) - 2)])
+                continue
+            where = [
+                "" if answer.node is None else str(answer.node),
+                "" if answer.local_rank is None else str(answer.local_rank),
+            ]
+            rows.append([str(rank), *where, str(answer.device), *(show[n](answer.figures.get(n)) for n in names)])
+        for label, table in (("min", self.min), ("max", self.max), ("mean", self.mean)):
+            rows.append([label, "", "", "", *(show[n](None if (v := table[n]) is None else int(v)) for n in names)])
+        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+        title = f"unimem: {self.world_size} rank(s), gathered through the {self.transport}"
+        lines = [title, "-" * len(title)]
+        lines += ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in [header, *rows]]
+        outlier = self.outlier
+        if outlier is not None:
+            lines.append(
+                f"outlier: rank {outlier.rank}, {outlier.figure} {format_bytes(outlier.value)} "
+                f"(mean {format_bytes(int(outlier.mean))})"
+            )
+        if self.missing:
+            lines.append(f"did not answer: rank(s) {', '.join(map(str, self.missing))} (every rank must call it)")
+        for rank, answer in sorted(self.per_rank.items()):
+            for gpu, used in () if answer is None else answer.stray:
+                lines.append(f"stray: rank {rank} holds {format_bytes(used)} on GPU {gpu}, not its own")
+        return "\n".join(lines)
+
+
+def _transport() -> tuple[str, KeyValueStore] | None:
+    for name in registry.imported_frameworks():
+        found = registry.get_backend(name).distributed_store()
+        if found is not None:
+            return f"{name} runtime", found
+    return None
+
+
+def _record(rank: int, snapshot: MemoryStats, info: ranks.RankInfo) -> RankStats:
+    stray = ranks.stray_memory(warn=False)
+    return RankStats(
+        rank=rank,
+        local_rank=info.local_rank,
+        node=info.node,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        device=snapshot.device,
+        backend=snapshot.backend,
+        figures=_figures(snapshot),
+        stray=stray.stray,
+        stray_note=stray.note,
+    )
+
+
+def _gather(store: KeyValueStore, payload: str, timeout: float) -> dict[int, str | None]:
+    """Publish ``payload`` under this rank's key of this call; read every other rank's by one deadline."""
+    prefix = f"unimem/cluster/{next(_calls)}/"
+    store.set(prefix + str(store.rank), payload)
+    deadline = time.monotonic() + timeout
+    answers: dict[int, str | None] = {store.rank: payload}
+    for rank in range(store.world_size):
+        if rank != store.rank:
+            answers[rank] = store.get(prefix + str(rank), deadline - time.monotonic())
+    return answers
+
+
+def _check_timeout(timeout: object) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+        raise ConfigError("timeout", f"expected a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def cluster_stats(
+    backend: str | None = None,
+    device: int | None = None,
+    *,
+    snapshot: MemoryStats | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> ClusterStats:
+    """Every rank's memory, gathered through the distributed runtime the script initialised.
+
+    Call it on every rank, like any collective: each rank publishes its snapshot in the
+    runtime's key-value store (torch's c10d store, JAX's coordinator) and reads the others'
+    by one deadline. A rank that does not call it before ``timeout`` is reported as "did not
+    answer" (``missing``) with a warning: ``if rank == 0: cluster_stats()`` returns after
+    ``timeout`` with rank 0 alone, never hangs. After such a call the ranks' calls are out
+    of step (each counts its calls): every later call must again be made by every rank.
+    Nothing is sent through NCCL, so no rank starts a context on a GPU not its own.
+
+    Args:
+        backend: The backend whose figures each rank reports, as for ``stats()``.
+        device: The device each rank reports; None (default): its own (``local_device()``).
+        snapshot: A snapshot to publish instead of taking one (what the rank measured itself).
+        timeout: Seconds to wait for the other ranks, from this rank's call (default 60).
+
+    Returns:
+        Every rank's figures, their min / max / mean, the outlier rank, and the ranks that
+        did not answer; a single process answers for itself alone.
+
+    Raises:
+        ConfigError: ``timeout`` is not a positive number, ``device`` is not an index,
+            ``snapshot`` is not a ``MemoryStats``; or as from ``stats()``.
+        ClusterError: The environment says there are several ranks (``WORLD_SIZE``, ...) but
+            no distributed runtime is initialised here: initialise it first.
+
+    Warns:
+        UnimemWarning: Some ranks did not answer before the deadline.
+
+    Example:
+        ```python
+        torch.distributed.init_process_group("nccl")
+        ...
+        view = unimem.cluster_stats()  # on every rank
+        if view.outlier is not None:
+            print(f"rank {view.outlier.rank} peaks highest")
+        ```
+    """
+    timeout = _check_timeout(timeout)
+    if snapshot is not None and not isinstance(snapshot, MemoryStats):
+        raise ConfigError("snapshot", f"expected a MemoryStats (from unimem.stats()), got {type(snapshot).__name__}")
+    if snapshot is None:
+        snapshot = stats(backend, ranks.local_device() if device is None else check_device(device))
+    info = ranks.rank_info(runtime=False)
+    found = _transport()
+    if found is None:
+        if (info.world_size or 1) > 1:
+            raise ClusterError(
+                f"the environment says this is rank {info.rank} of {info.world_size} ({info.launcher}), but no "
+                "distributed runtime is initialised in this process to gather through: call "
+                "init_process_group (torch.distributed) or jax.distributed.initialize first"
+            )
+        own = _record(info.rank or 0, snapshot, info)
+        return ClusterStats(1, {own.rank: own}, "single process")
+    transport, store = found
+    payload = json.dumps(_record(store.rank, snapshot, info).__dict__)
+    answers = _gather(store, payload, timeout)
+    per_rank: dict[int, RankStats | None] = {}
+    for rank, raw in sorted(answers.items()):
+        if raw is None:
+            per_rank[rank] = None
+            continue
+        data = json.loads(raw)
+        data["stray"] = tuple(tuple(pair) for pair in data["stray"])
+        per_rank[rank] = RankStats(**data)
+    view = ClusterStats(store.world_size, per_rank, transport)
+    if view.missing:
+        warnings.warn(
+            f"cluster_stats: rank(s) {', '.join(map(str, view.missing))} did not answer within {timeout:g} s; "
+            "every rank must call cluster_stats() (it is a collective), not one rank alone",
+            UnimemWarning,
+            stacklevel=2,
+        )
+    return view

@@ -1,0 +1,475 @@
+"""Mixed precision: one policy, three frameworks.
+
+``mixed_precision("bf16")`` returns a ``Policy``: which dtype computations run in,
+which the parameters are kept in, which outputs (the loss) come back in, and whether
+the loss is scaled. Turning it on is framework-specific: each framework's adapter
+returns its helpers from ``precision()`` (``unimem.backends.<framework>.precision``,
+imported only when that framework is used), each with the same function names:
+
+- torch: ``torch.autocast`` for the device in use (CUDA if available, else CPU);
+- tensorflow: the Keras global dtype policy (``mixed_bfloat16`` / ``mixed_float16``);
+- jax: no global state exists, so the policy casts pytrees (``cast_to_compute``,
+  ``cast_to_param``, ``cast_to_output``).
+
+Parameters (and so gradients and optimizer state) always stay float32: that is the
+"mixed" in mixed precision, and it keeps small updates from rounding away. What gets
+smaller is the activations kept for the backward pass; how much that saves depends on
+their share of the step's memory (benchmarks/bench_precision.py measures it). Loss
+scaling is on for fp16 only: bf16 has float32's exponent range and does not underflow.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from unimem import registry
+from unimem.errors import ConfigError, UnimemError, UnsupportedFeature
+from unimem.training.loss_scaling import LossScaler, ScalerConfig
+from unimem.training.trees import map_leaves as map_leaves  # kept importable from here
+from unimem.training.trees import tree_leaves as tree_leaves
+
+if TYPE_CHECKING:
+    from unimem.backends.base import PrecisionHelpers
+
+__all__ = ["PRECISIONS", "Policy", "enabled_backends", "mixed_precision"]
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str  # "bf16"
+    compute_dtype: str  # dtype name every framework spells the same way
+    loss_scaling: bool
+    feature: str  # the FEATURES row in compat_matrix.md
+
+
+PRECISIONS: dict[str, Precision] = {
+    "bf16": Precision("bf16", "bfloat16", False, "precision.bf16"),
+    "fp16": Precision("fp16", "float16", True, "precision.fp16"),
+    "fp32": Precision("fp32", "float32", False, ""),  # no row: every backend computes in float32
+}
+# The dtype names are accepted too: they say the same thing.
+_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+PARAM_DTYPE = "float32"
+OUTPUT_DTYPE = "float32"  # losses and metrics are reduced in float32 whatever the compute dtype
+
+
+@dataclass(eq=False)
+class _Frame:
+    """One level of a framework's precision stack: the policy in force, how to undo it,
+    and how many holders keep it (``enable()`` and each open ``with`` block)."""
+
+    policy: Policy
+    restore: Callable[[], None]
+    key: tuple[str, int | None]
+    thread: int
+    holds: int = 1
+
+
+# What is in force per framework, innermost last. A stack, so that leaving a policy
+# restores the one outside it; per-thread state (the backend's trait) has one per thread.
+_stacks: dict[tuple[str, int | None], list[_Frame]] = {}
+_lock = threading.Lock()
+
+
+def _parse_precision(precision: object) -> Precision:
+    if not isinstance(precision, str):
+        raise ConfigError("precision", f"expected 'bf16', 'fp16' or 'fp32', got {precision!r}")
+    key = precision.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in PRECISIONS:
+        raise ConfigError("precision", f"unknown precision {precision!r}; expected 'bf16', 'fp16' or 'fp32'")
+    return PRECISIONS[key]
+
+
+def _takes_policy(name: str) -> bool:
+    """Whether the capability table of ``name`` says it runs a mixed-precision policy."""
+    try:
+        support = registry.capability_table(name).get("precision.bf16")
+    except ImportError:  # an adapter this install does not ship
+        return False
+    return support is not None and support.supported
+
+
+def _choices() -> str:
+    """``backend='a', 'b' or 'c'``: the frameworks a policy can be for, read from the registry."""
+    names = [f"'{name}'" for name in registry.FRAMEWORKS if _takes_policy(name)]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+    return f"backend={listed}"
+
+
+def _resolve_backend(backend: object) -> str:
+    """The framework a policy is for (an action: configured, else the one imported); never
+    guesses between several and imports nothing."""
+    if backend is None and not registry.configured() and not registry.imported_frameworks():
+        raise ConfigError(
+            "backend",
+            f"no framework is configured or imported yet, so there is nothing to set a precision for; "
+            f"pass {_choices()}",
+        )
+    name = registry.resolve(backend, "action")
+    if name is None:  # an action always names one or raises; kept for the type checker
+        raise ConfigError("backend", f"pass {_choices()}")
+    return name
+
+
+def enabled_backends() -> list[str]:
+    """Frameworks with a unimem mixed-precision policy enabled now, in registry order."""
+    with _lock:
+        on = {backend for (backend, _), stack in _stacks.items() if stack}
+        return [name for name in registry.FRAMEWORKS if name in on]
+
+
+class Policy:
+    """A mixed-precision policy for one framework; ``unimem.mixed_precision()`` makes one.
+
+    ``compute_dtype`` / ``param_dtype`` / ``output_dtype`` are dtype names
+    (``"bfloat16"``); ``dtype("compute")`` gives the framework's dtype object.
+    ``enable()`` (or ``with policy:``) turns it on; ``disable()`` restores exactly what
+    was in force before. ``loss_scaler()`` gives the uniform loss scaler (a no-op with
+    scale 1 unless ``loss_scaling``).
+
+    Policies nest. ``with policy:`` while the same policy is already in force (after
+    ``enable()``, or in an outer ``with``) keeps it on when the block ends; another
+    policy entered inside this one restores this one when it ends. Turn the innermost
+    off first: ending an outer one while an inner one is still on is refused.
+
+    Attributes:
+        backend (str): The framework the policy is for.
+        device (str): Where computations run: ``"cuda"``, ``"cpu"``, ``"gpu"``, ...
+
+    Example:
+        ```python
+        policy = unimem.mixed_precision("fp16", backend="jax")
+        scaler = policy.loss_scaler()
+        params = policy.cast_to_param(params)
+        logits = policy.cast_to_output(model(policy.cast_to_compute(params), batch))
+        ```
+    """
+
+    def __init__(
+        self, precision: Precision, backend: str, helpers: PrecisionHelpers, device: str, *, per_thread: bool = False
+    ) -> None:
+        self._precision = precision
+        self._helpers = helpers
+        self._per_thread = per_thread  # only the enabling thread may disable it (the backend's trait)
+        self._enabled_frame: _Frame | None = None  # the frame enable() holds
+        self._with_frames: list[_Frame] = []  # the frames open `with` blocks hold, innermost last
+        self.backend = backend
+        self.device = device  # where computations run: "cuda", "cpu", "gpu", ...
+
+    # --- what the policy is -------------------------------------------------------
+    @property
+    def precision(self) -> str:
+        """The precision's short name: ``"bf16"``, ``"fp16"`` or ``"fp32"``."""
+        return self._precision.name
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype name computations run in: ``"bfloat16"``, ``"float16"`` or ``"float32"``."""
+        return self._precision.compute_dtype
+
+    @property
+    def param_dtype(self) -> str:
+        """The dtype name parameters are kept in: always ``"float32"``."""
+        return PARAM_DTYPE
+
+    @property
+    def output_dtype(self) -> str:
+        """The dtype name outputs (the loss) come back in: always ``"float32"``."""
+        return OUTPUT_DTYPE
+
+    @property
+    def loss_scaling(self) -> bool:
+        """Whether the loss is scaled: True for fp16 only."""
+        return self._precision.loss_scaling
+
+    @property
+    def active(self) -> bool:
+        """Whether the policy is enabled now (by ``enable()`` or an open ``with`` block)."""
+        return self._enabled_frame is not None or bool(self._with_frames)
+
+    def dtype(self, which: str = "compute") -> Any:
+        """The framework's dtype object for ``"compute"``, ``"param"`` or ``"output"``.
+
+        Args:
+            which: ``"compute"`` (default), ``"param"`` or ``"output"``.
+
+        Returns:
+            The framework's dtype object (``torch.bfloat16``, ``jnp.bfloat16``, ...).
+
+        Raises:
+            ConfigError: ``which`` is none of the three.
+        """
+        names = {"compute": self.compute_dtype, "param": self.param_dtype, "output": self.output_dtype}
+        if which not in names:
+            raise ConfigError("which", f"expected 'compute', 'param' or 'output', got {which!r}")
+        return self._helpers.dtype(names[which])
+
+    # --- casting (the whole policy in JAX; explicit control in torch and TF) --------
+    def cast_to_compute(self, tree: Any) -> Any:
+        """Floating-point leaves of ``tree`` (arrays, tensors, nested lists/tuples/dicts)
+        in the compute dtype; integer and boolean leaves (labels, masks) untouched.
+
+        Args:
+            tree: An array or tensor, or any nesting of lists, tuples and dicts of them.
+
+        Returns:
+            The same structure with its floating-point leaves cast.
+        """
+        return self._helpers.cast(tree, self.compute_dtype)
+
+    def cast_to_param(self, tree: Any) -> Any:
+        """Floating-point leaves of ``tree`` in the parameter dtype (float32).
+
+        Args:
+            tree: An array or tensor, or any nesting of lists, tuples and dicts of them.
+
+        Returns:
+            The same structure with its floating-point leaves cast.
+        """
+        return self._helpers.cast(tree, self.param_dtype)
+
+    def cast_to_output(self, tree: Any) -> Any:
+        """Floating-point leaves of ``tree`` in the output dtype (float32): cast model
+        outputs to it before computing a loss.
+
+        Args:
+            tree: An array or tensor, or any nesting of lists, tuples and dicts of them.
+
+        Returns:
+            The same structure with its floating-point leaves cast.
+        """
+        return self._helpers.cast(tree, self.output_dtype)
+
+    # --- on and off --------------------------------------------------------------------
+    def enable(self) -> Policy:
+        """Turn the policy on (no-op if ``enable()`` already did). Returns the policy.
+
+        torch: enters ``torch.autocast`` in this thread (autocast state is per thread);
+        tensorflow: sets the Keras global dtype policy, which layers built afterwards
+        take (build the model after this); jax: marks it active (JAX has no global
+        precision state).
+
+        Returns:
+            The policy itself.
+        """
+        with _lock:
+            if self._enabled_frame is None:
+                self._enabled_frame = self._hold()
+        return self
+
+    def disable(self) -> None:
+        """Undo ``enable()``: restore what was in force before it, unless an open ``with``
+        block of this policy still keeps it on (no-op if not enabled).
+
+        Raises:
+            UnimemError: Another policy for the same framework was turned on after this
+                one and is still on (policies nest: turn that one off first); or the
+                framework's precision state is per thread (torch) and this is not the
+                thread that enabled it. Nothing is changed.
+        """
+        with _lock:
+            frame = self._enabled_frame
+            if frame is None:
+                return
+            if self._per_thread and frame.thread != threading.get_ident():
+                raise UnimemError(
+                    f"{self.backend}: the precision state belongs to the thread that enabled it; "
+                    "disable the policy in that thread"
+                )
+            self._release(frame)
+            self._enabled_frame = None
+
+    def __enter__(self) -> Policy:
+        with _lock:
+            self._with_frames.append(self._hold())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _lock:
+            here = threading.get_ident()
+            index = max(i for i, frame in enumerate(self._with_frames) if frame.thread == here)
+            self._release(self._with_frames[index])
+            del self._with_frames[index]
+
+    def _hold(self) -> _Frame:
+        """Keep the policy in force (under ``_lock``): one more holder of the frame on top
+        when that is this policy's, else a new frame that puts it in force."""
+        key = (self.backend, threading.get_ident() if self._per_thread else None)
+        stack = _stacks.setdefault(key, [])
+        if stack and stack[-1].policy is self:
+            stack[-1].holds += 1
+            return stack[-1]
+        restore = self._helpers.enable(self.precision, self.compute_dtype, self.device)
+        stack.append(_Frame(self, restore, key, threading.get_ident()))
+        return stack[-1]
+
+    def _release(self, frame: _Frame) -> None:
+        """One holder fewer (under ``_lock``); the last one restores what was before, which
+        only the top frame may do: otherwise refused, nothing changed."""
+        stack = _stacks[frame.key]
+        if frame.holds == 1 and stack[-1] is not frame:
+            raise UnimemError(
+                f"{self.backend}: this {self.precision} policy was enabled before the "
+                f"{stack[-1].policy.precision} policy still on; disable that one first "
+                "(or leave its with block): policies nest"
+            )
+        frame.holds -= 1
+        if frame.holds == 0:
+            stack.pop()
+            if not stack:
+                del _stacks[frame.key]
+            frame.restore()
+
+    # --- loss scaling ----------------------------------------------------------------
+    def loss_scaler(
+        self,
+        initial_scale: float = 2.0**15,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        *,
+        enabled: bool | None = None,
+    ) -> LossScaler:
+        """The uniform dynamic loss scaler (see ``unimem.training.loss_scaling``).
+
+        On for fp16; for bf16 and fp32 a no-op with scale 1. ``enabled=True`` scales
+        under any precision, ``enabled=False`` never. The semantics are those of
+        ``torch.amp.GradScaler`` and Keras' ``LossScaleOptimizer``.
+
+        Args:
+            initial_scale: The scale to start at (default ``2**15``), more than 0.
+            growth_factor: What the scale is multiplied by after ``growth_interval``
+                finite steps in a row (default 2), more than 1.
+            backoff_factor: What the scale is multiplied by after a step whose gradients
+                overflowed (default 0.5), between 0 and 1.
+            growth_interval: Finite steps in a row before the scale grows (default 2000).
+            enabled: None (default): scale under fp16 only; True: always; False: never.
+
+        Returns:
+            The framework's scaler, with ``scale``, ``unscale`` and ``update``, and its
+            framework's own step: torch ``step(optimizer)`` (it wraps
+            ``torch.amp.GradScaler``), Keras ``wrap(optimizer)``, JAX ``step(grads)``.
+
+        Raises:
+            ConfigError: A number is out of range or not a number (the error names it),
+                or ``enabled`` is not True, False or None.
+
+        Example:
+            ```python
+            scaler = policy.loss_scaler()
+            grads = gradient_of(scaler.scale(loss))
+            grads, finite = scaler.unscale(grads)
+            if finite:
+                apply(grads)
+            scaler.update(finite)
+
+            # torch, as with torch.amp.GradScaler:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)  # unscales p.grad in place once; skipped on inf/nan
+            scaler.update()
+            ```
+        """
+        config = ScalerConfig.build(initial_scale, growth_factor, backoff_factor, growth_interval)
+        if enabled is not None and not isinstance(enabled, bool):
+            raise ConfigError("enabled", f"expected True, False or None, got {enabled!r}")
+        scaler: LossScaler = self._helpers.loss_scaler(config, self.loss_scaling if enabled is None else enabled)
+        return scaler
+
+    def wrap_optimizer(self, optimizer: Any, *, initial_scale: float = 2.0**15, growth_interval: int = 2000) -> Any:
+        """Keras only: under fp16 ``keras.optimizers.LossScaleOptimizer(optimizer, ...)``,
+        which scales inside ``model.fit``; otherwise ``optimizer`` itself. The same as
+        ``policy.loss_scaler(...).wrap(optimizer)``.
+
+        Args:
+            optimizer: A Keras optimizer.
+            initial_scale: The scale to start at (default ``2**15``), more than 0.
+            growth_interval: Finite steps in a row before the scale grows (default 2000).
+
+        Returns:
+            The wrapped optimizer under fp16; ``optimizer`` unchanged otherwise.
+
+        Raises:
+            UnsupportedFeature: The framework has no optimizer that scales the loss
+                itself (torch, JAX): use ``policy.loss_scaler()`` in the training loop.
+            ConfigError: ``initial_scale`` or ``growth_interval`` is out of range.
+        """
+        wrap = getattr(self._helpers, "wrap_optimizer", None)
+        if wrap is None:
+            raise UnsupportedFeature(
+                self.backend,
+                "wrap_optimizer",
+                f"{self.backend} has no optimizer that scales the loss itself; "
+                "use policy.loss_scaler() in the training loop",
+            )
+        config = ScalerConfig.build(initial_scale, 2.0, 0.5, growth_interval)
+        return optimizer if not self.loss_scaling else wrap(optimizer, config)
+
+    def __repr__(self) -> str:
+        return (
+            f"Policy(precision={self.precision!r}, backend={self.backend!r}, device={self.device!r}, "
+            f"compute_dtype={self.compute_dtype!r}, param_dtype={self.param_dtype!r}, "
+            f"output_dtype={self.output_dtype!r}, loss_scaling={self.loss_scaling}, active={self.active})"
+        )
+
+
+def mixed_precision(precision: str, backend: str | None = None) -> Policy:
+    """A mixed-precision policy (``"bf16"``, ``"fp16"`` or ``"fp32"``) for ``backend``.
+
+    ``backend=None`` takes the one framework configured or imported. Nothing is
+    switched on until ``policy.enable()`` or ``with policy:``. A precision the device
+    cannot run (bf16 on a GPU before compute capability 8.0, fp16 where the framework
+    refuses it) is a ``ConfigError`` naming ``precision`` and the reason.
+
+    Imports the framework (it has to ask it what the device can do); on torch it
+    does not start CUDA when NVML can answer, so ``configure()`` may still follow.
+
+    Parameters (and so gradients and optimizer state) always stay float32; loss scaling
+    is on for fp16 only (bf16 has float32's exponent range and does not underflow).
+
+    Args:
+        precision: ``"bf16"``, ``"fp16"`` or ``"fp32"``; the dtype names ``"bfloat16"``,
+            ``"float16"``/``"half"`` and ``"float32"``/``"float"`` say the same.
+        backend: A framework name or alias, or None (default): the framework named to
+            ``configure()``, else the one imported (not counting one another imported
+            module brought in itself).
+
+    Returns:
+        The policy, not yet enabled.
+
+    Raises:
+        ConfigError: ``precision`` is unknown, or the device cannot run it (the message
+            says why); ``backend`` is unknown; or, with ``backend=None``, no framework is
+            configured or imported yet, or several are: pass ``backend=``.
+        UnsupportedFeature: The backend runs no computation (``"nvml"``) or its
+            capability table says it has no such policy; the message lists the backends
+            that do.
+        BackendUnavailable: The framework is not installed; the message says what to
+            install.
+
+    Example:
+        ```python
+        policy = unimem.mixed_precision("bf16", backend="torch")
+        with policy:  # torch.autocast in this thread
+            loss = model(batch)
+        ```
+    """
+    chosen = _parse_precision(precision)
+    name = _resolve_backend(backend)
+    if not registry.is_framework(name):
+        raise UnsupportedFeature(
+            name, "precision", f"{name} observes memory and runs no computation; pass {_choices()}"
+        )
+    if chosen.feature:
+        support = registry.capability_table(name).get(chosen.feature)
+        if support is None or not support.supported:
+            note = support.note if support is not None else "no capability entry"
+            raise UnsupportedFeature(name, chosen.feature, f"{note}; pass {_choices()}")
+    adapter = registry.get_backend(name)  # BackendUnavailable with the install hint when it is missing
+    helpers = adapter.precision()
+    device = helpers.device()
+    helpers.check(chosen.name, chosen.compute_dtype, device)  # ConfigError("precision", reason)
+    return Policy(chosen, name, helpers, device, per_thread=adapter.precision_state_per_thread)
