@@ -13,4 +13,5 @@ ruff check .
 mypy unimem backends
 unimem matrix --check
 mkdocs build --strict --site-dir "$(mktemp -d)"
-python -m pytest tests --ignore=tests/gpu -q -p no:cacheprovider
+# One worker per core: most tests start fresh interpreters, and two of those run side by side.
+python -m pytest tests --ignore=tests/gpu -q -p no:cacheprovider -n auto
