@@ -253,17 +253,17 @@ def pyjson():
 
 
 def _unimem_state() -> dict[str, Any]:
-    from unimem.backends import base
+    from unimem.backends import steps
     from unimem.backends.nvml import gate as nvml_backend
 
-    from unimem import registry
+    from unimem import import_hooks, registry
 
     return {
         "environ": dict(os.environ),
         "configured": list(registry._configured),
         "instances": dict(registry._instances),
-        "post_import": {key: list(value) for key, value in base._post_import.items()},
-        "visible": dict(getattr(base, "_visible", {})),
+        "post_import": {key: list(value) for key, value in import_hooks._post_import.items()},
+        "visible": dict(steps._visible),
         "meta_path": list(sys.meta_path),
         "nvml": (nvml_backend._pynvml, nvml_backend._init_error, dict(nvml_backend._handles), nvml_backend._use_v2),
         "pynvml_loaded": "pynvml" in sys.modules,
@@ -271,21 +271,20 @@ def _unimem_state() -> dict[str, Any]:
 
 
 def _restore(state: dict[str, Any]) -> None:
-    from unimem.backends import base
+    from unimem.backends import steps
     from unimem.backends.nvml import gate as nvml_backend
 
-    from unimem import registry
+    from unimem import import_hooks, registry
 
     os.environ.clear()
     os.environ.update(state["environ"])
     registry._configured[:] = state["configured"]
     registry._instances.clear()
     registry._instances.update(state["instances"])
-    base._post_import.clear()
-    base._post_import.update(state["post_import"])
-    if hasattr(base, "_visible"):
-        base._visible.clear()
-        base._visible.update(state["visible"])
+    import_hooks._post_import.clear()
+    import_hooks._post_import.update(state["post_import"])
+    steps._visible.clear()
+    steps._visible.update(state["visible"])
     sys.meta_path[:] = state["meta_path"]
     nvml_backend._pynvml, nvml_backend._init_error, handles, nvml_backend._use_v2 = state["nvml"]
     nvml_backend._handles.clear()

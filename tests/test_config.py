@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from unimem.backends import base
+from unimem.backends import steps
 from unimem.backends.jax import adapter as jax_backend
 from unimem.backends.nvml import gate as nvml_backend
 
 import unimem
-from unimem import registry
+from unimem import import_hooks, registry
 from unimem.sizes import parse_size
 
 NAN, INF = float("nan"), float("inf")
@@ -44,8 +44,8 @@ def snapshot() -> dict[str, Any]:
         "environ": dict(os.environ),
         "modules": sorted(sys.modules),
         "meta_path": list(sys.meta_path),
-        "post_import": {key: list(value) for key, value in base._post_import.items()},
-        "visible_devices": dict(getattr(base, "_visible", {})),
+        "post_import": {key: list(value) for key, value in import_hooks._post_import.items()},
+        "visible_devices": dict(steps._visible),
         "configured": list(registry._configured),
         "adapters": {name: _adapter_state(a) for name, a in _adapters().items()},
         "nvml": (nvml_backend._pynvml, nvml_backend._init_error, dict(nvml_backend._handles)),

@@ -16,20 +16,19 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from unimem.backends import base
 from unimem.backends.jax import adapter as jax_backend
 from unimem.backends.nvml import adapter as nvml_adapter
 from unimem.backends.nvml import gate as nvml_gate
 
 import unimem
-from unimem import registry
+from unimem import import_hooks, registry
 
 
 def state() -> dict[str, Any]:
     """What a configure call may change: the environment, the import hooks, what is in force."""
     return {
         "environ": dict(os.environ),
-        "hooks": {key: [getattr(cb, "_unimem_key", "?") for cb in value] for key, value in base._post_import.items()},
+        "hooks": {key: import_hooks.pending_hooks(key) for key in import_hooks._post_import},
         "in_force": unimem.configuration().as_dict(),
     }
 
@@ -69,7 +68,7 @@ def fresh() -> None:
     registry._instances.clear()
     for name in [k for k in os.environ if k.startswith(("XLA_", "TF_FORCE", "PYTORCH_"))]:
         del os.environ[name]
-    base._post_import.clear()
+    import_hooks._post_import.clear()
 
 
 share = st.floats(min_value=0.05, max_value=1.0).map(lambda x: round(x, 2))

@@ -17,7 +17,7 @@ from unimem.memory_stats import MemoryStats, with_host_rss
 from unimem.support import Support
 
 if TYPE_CHECKING:
-    from unimem.backends.base import Step
+    from unimem.backends.steps import Step
 
 __all__ = [
     "capabilities",
@@ -300,7 +300,7 @@ def _warn_at_import(name: str, said: list[tuple[str, str]]) -> None:
     script does not use it; and not for a setting a later ``configure()`` call has made since.
     A later call warning of the same framework replaces these warnings.
     """
-    from unimem.backends.base import when_imported  # the import hook the cap hooks use; imports no framework
+    from unimem.import_hooks import when_imported  # the import hook the cap hooks use; imports no framework
 
     entry = registry.BACKENDS.get(name)
     brought_by = entry.imported_by if entry is not None else ()

@@ -23,7 +23,7 @@ from unimem.config import Settings
 from unimem.errors import BackendUnavailable, ConfigError, UnimemWarning
 
 if TYPE_CHECKING:
-    from unimem.backends.base import Step
+    from unimem.backends.steps import Step
 
 __all__ = ["BackendConfiguration", "Configuration", "configuration"]
 

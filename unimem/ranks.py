@@ -34,7 +34,7 @@ from unimem.errors import ConfigError, UnimemWarning
 from unimem.sizes import format_bytes
 
 if TYPE_CHECKING:
-    from unimem.backends.base import Step
+    from unimem.backends.steps import Step
 
 __all__ = [
     "PER_RANK",

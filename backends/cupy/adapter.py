@@ -13,8 +13,10 @@ import sys
 from collections.abc import Callable
 from typing import ClassVar
 
-from unimem.backends.base import Backend, Counters, PrecisionHelpers, Step
+from unimem.backends.base import Backend
 from unimem.backends.nvml import gate as nvml_gate
+from unimem.backends.steps import Step
+from unimem.backends.topics import Counters, PrecisionHelpers
 
 from unimem.config import Settings
 from unimem.errors import UnsupportedFeature

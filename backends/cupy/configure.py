@@ -22,19 +22,12 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from unimem.backends.base import (
-    STATUS_APPLIED,
-    STATUS_PENDING,
-    STATUS_UNCHANGED,
-    Step,
-    devices_step,
-    env_step,
-    when_imported,
-)
 from unimem.backends.nvml import gate as nvml_gate
+from unimem.backends.steps import STATUS_APPLIED, STATUS_PENDING, STATUS_UNCHANGED, Step, devices_step, env_step
 
 from unimem.config import Settings
 from unimem.errors import ConfigError
+from unimem.import_hooks import when_imported
 from unimem.support import Phase, When
 
 from .pools import ASYNC, POOL, RAW, driver_initialised

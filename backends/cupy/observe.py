@@ -19,7 +19,8 @@ from unimem.memory_stats import MemoryStats
 from .pools import ASYNC, POOL, PeakTracker, allocator_in_use, device_pools
 
 if TYPE_CHECKING:
-    from unimem.backends.base import Backend, Counters
+    from unimem.backends.base import Backend
+    from unimem.backends.topics import Counters
 
 __all__ = ["Figures", "Peaks", "capacity", "clear", "counter_reader", "device_count", "read", "reset_peak"]
 

@@ -16,20 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from unimem.backends.base import (
-    STATUS_NO_DEVICE,
-    Backend,
-    Counters,
-    KeyValueStore,
-    PrecisionHelpers,
-    Profiler,
-    Step,
-    devices_step,
-    env_step,
-    no_such_device,
-)
+from unimem.backends.base import Backend, no_such_device
 from unimem.backends.jax import diagnose, runtime
 from unimem.backends.nvml import gate as nvml_gate
+from unimem.backends.steps import STATUS_NO_DEVICE, Step, devices_step, env_step
+from unimem.backends.topics import Counters, KeyValueStore, PrecisionHelpers, Profiler
 
 from unimem.config import Settings
 from unimem.errors import ConfigError, UnimemWarning

@@ -19,7 +19,10 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from unimem.backends.base import STATUS_PENDING, STATUS_SKIPPED, STATUS_UNCHANGED, KeyValueStore, Step, when_imported
+from unimem.backends.steps import STATUS_PENDING, STATUS_SKIPPED, STATUS_UNCHANGED, Step
+from unimem.backends.topics import KeyValueStore
+
+from unimem.import_hooks import when_imported
 
 from . import runtime
 

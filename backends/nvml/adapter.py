@@ -10,7 +10,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from unimem.backends.base import Backend, Profiler, Step, no_such_device
+from unimem.backends.base import Backend, no_such_device
+from unimem.backends.steps import Step
+from unimem.backends.topics import Profiler
 
 from unimem.config import Settings
 from unimem.errors import UnsupportedFeature

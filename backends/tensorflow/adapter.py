@@ -12,25 +12,15 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from unimem.backends.base import (
-    STATUS_NO_DEVICE,
-    STATUS_PENDING,
-    STATUS_UNCHANGED,
-    Backend,
-    Counters,
-    PrecisionHelpers,
-    Profiler,
-    Step,
-    devices_step,
-    env_step,
-    no_such_device,
-    when_imported,
-)
+from unimem.backends.base import Backend, no_such_device
 from unimem.backends.nvml import gate as nvml_gate
+from unimem.backends.steps import STATUS_NO_DEVICE, STATUS_PENDING, STATUS_UNCHANGED, Step, devices_step, env_step
 from unimem.backends.tensorflow import diagnose
+from unimem.backends.topics import Counters, PrecisionHelpers, Profiler
 
 from unimem.config import Settings
 from unimem.errors import ConfigError, UnimemWarning
+from unimem.import_hooks import when_imported
 from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 

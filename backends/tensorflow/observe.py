@@ -10,12 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from unimem.errors import UnsupportedFeature
-from unimem.observe.recording import NoFigures
+from unimem.errors import NoFigures, UnsupportedFeature
 from unimem.support import Phase
 
 if TYPE_CHECKING:
-    from unimem.backends.base import Backend, Counters
+    from unimem.backends.base import Backend
+    from unimem.backends.topics import Counters
 
 __all__ = ["TensorFlowProfiler", "counter_reader"]
 

@@ -16,28 +16,24 @@ import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from unimem.backends.base import (
+from unimem.backends.base import Backend, no_such_device
+from unimem.backends.nvml import gate as nvml_gate
+from unimem.backends.steps import (
     STATUS_APPLIED,
     STATUS_NO_DEVICE,
     STATUS_PENDING,
     STATUS_UNCHANGED,
-    Backend,
-    Counters,
-    KeyValueStore,
-    PrecisionHelpers,
-    Profiler,
     Step,
     devices_step,
     env_step,
     merge_conf,
-    no_such_device,
-    when_imported,
 )
-from unimem.backends.nvml import gate as nvml_gate
+from unimem.backends.topics import Counters, KeyValueStore, PrecisionHelpers, Profiler
 from unimem.backends.torch import diagnose
 
 from unimem.config import Settings
 from unimem.errors import ConfigError
+from unimem.import_hooks import when_imported
 from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 

@@ -23,7 +23,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from unimem.backends.base import STATUS_PENDING, STATUS_SKIPPED, STATUS_UNCHANGED, KeyValueStore, Step
+from unimem.backends.steps import STATUS_PENDING, STATUS_SKIPPED, STATUS_UNCHANGED, Step
+from unimem.backends.topics import KeyValueStore
 
 from unimem.errors import ConfigError
 from unimem.support import Phase

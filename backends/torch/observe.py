@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from unimem.errors import UnimemError, UnsupportedFeature
 
 if TYPE_CHECKING:
-    from unimem.backends.base import Backend, Counters
+    from unimem.backends.base import Backend
+    from unimem.backends.topics import Counters
 
 __all__ = ["SNAPSHOT", "TorchProfiler", "counter_reader", "profiler"]
 

@@ -19,12 +19,12 @@ import os
 import sys
 
 import pytest
-from unimem.backends.base import pending_hooks
 from unimem.backends.cupy import configure as cupy_configure
 from unimem.backends.cupy import observe
 
 import unimem
 from unimem import registry
+from unimem.import_hooks import pending_hooks
 from unimem.memory_stats import MemoryStats
 from unimem.support import Phase
 from unimem.testing import BackendContract
@@ -135,7 +135,7 @@ _ALLOCATOR_SCRIPT = """
 import sys
 import unimem
 from unimem import registry
-from unimem.backends.base import pending_hooks
+from unimem.import_hooks import pending_hooks
 adapter = registry.get_backend("cupy")
 R = {}
 def actions(applied):

@@ -13,10 +13,10 @@ import sys
 import warnings
 
 import pytest
-from unimem.backends.base import pending_hooks
 from unimem.backends.jax import adapter as jax_backend
 
 import unimem
+from unimem.import_hooks import pending_hooks
 from unimem.testing import BackendContract
 
 FRACTION_VAR = jax_backend.fraction_variable()

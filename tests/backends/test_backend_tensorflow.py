@@ -13,9 +13,9 @@ import sys
 import textwrap
 
 import pytest
-from unimem.backends.base import pending_hooks
 
 import unimem
+from unimem.import_hooks import pending_hooks
 from unimem.testing import BackendContract
 
 
@@ -125,7 +125,7 @@ def test_after_import_on_cpu_api_settings_are_skipped_with_a_note(pyjson):
         import os, warnings
         import unimem
         from unimem import registry
-        from unimem.backends.base import pending_hooks
+        from unimem.import_hooks import pending_hooks
         R = {}
         R["pending"] = [a.status for a in unimem.configure(backend="tensorflow", limit="1GiB")]
         import tensorflow as tf

@@ -18,11 +18,11 @@ import warnings
 from typing import Any
 
 import pytest
-from unimem.backends.base import _finder, pending_hooks
 from unimem.backends.torch import adapter as torch_backend
 
 import unimem
 from unimem import registry
+from unimem.import_hooks import _finder, pending_hooks
 from unimem.support import Phase
 from unimem.testing import BackendContract
 
@@ -257,7 +257,7 @@ def test_cap_hook_lands_in_torchs_cuda_init_queue_and_is_skipped_without_cuda(py
         import warnings
         import unimem
         from unimem import registry
-        from unimem.backends.base import pending_hooks
+        from unimem.import_hooks import pending_hooks
         R = {}
         unimem.configure(backend="torch", fraction=0.5)
         unimem.configure(backend="torch", limit="3GiB", growth=False)

@@ -32,7 +32,7 @@ from unimem.training.trees import map_leaves as map_leaves  # kept importable fr
 from unimem.training.trees import tree_leaves as tree_leaves
 
 if TYPE_CHECKING:
-    from unimem.backends.base import PrecisionHelpers
+    from unimem.backends.topics import PrecisionHelpers
 
 __all__ = ["PRECISIONS", "Policy", "enabled_backends", "mixed_precision"]
 
