@@ -384,7 +384,7 @@ class Backend(ABC):
         """A cheap ``() -> (allocated, reserved)`` for a monitor's thread, and a note saying why
         there is none. Reads ``(None, None)`` until the runtime has started; never starts it.
 
-        A reader may raise ``unimem.observe.recording.NoFigures`` once it knows it never will have
+        A reader may raise ``unimem.errors.NoFigures`` once it knows it never will have
         figures here (a CPU device): the monitor then stops asking.
 
         Args:

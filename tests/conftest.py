@@ -254,7 +254,7 @@ def pyjson():
 
 def _unimem_state() -> dict[str, Any]:
     from unimem.backends import steps
-    from unimem.backends.nvml import gate as nvml_backend
+    from unimem.backends.nvml import _gate as nvml_backend
 
     from unimem import import_hooks, registry
 
@@ -272,7 +272,7 @@ def _unimem_state() -> dict[str, Any]:
 
 def _restore(state: dict[str, Any]) -> None:
     from unimem.backends import steps
-    from unimem.backends.nvml import gate as nvml_backend
+    from unimem.backends.nvml import _gate as nvml_backend
 
     from unimem import import_hooks, registry
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from unimem.backends import steps
 from unimem.backends.jax import adapter as jax_backend
-from unimem.backends.nvml import gate as nvml_backend
+from unimem.backends.nvml import _gate as nvml_backend
 
 import unimem
 from unimem import import_hooks, registry

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from unimem.backends.jax import adapter as jax_backend
 from unimem.backends.nvml import adapter as nvml_adapter
-from unimem.backends.nvml import gate as nvml_gate
+from unimem.backends.nvml import _gate as nvml_gate
 
 import unimem
 from unimem import import_hooks, registry

@@ -86,7 +86,7 @@ def test_adapter_modules_import_without_their_framework(py, name):
         f"""
         import sys
         import unimem.backends.{name}.adapter
-        import unimem.backends.nvml.gate
+        import unimem.backends.nvml._gate
         loaded = [m for m in {HEAVY!r} if m in sys.modules]
         assert not loaded, loaded
         """

@@ -1,7 +1,7 @@
 """CuPy adapter: its MemoryPool (or the allocator that replaces it), never starting CUDA itself.
 
 CuPy makes its CUDA context and its per-device pools lazily, at the first allocation.
-The phase reads whether those pools exist (``pools.runtime_started``); settings made
+The phase reads whether those pools exist (``_pools.runtime_started``); settings made
 before then go through CuPy's own variable and an allocator installed at import
 (``configure``); figures are read from each device's pool directly (``observe``).
 cupy is imported only inside methods, from ``sys.modules`` except where the user asked for it.
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from unimem.backends.base import Backend
-from unimem.backends.nvml import gate as nvml_gate
+from unimem.backends.nvml import _gate as nvml_gate
 from unimem.backends.steps import Step
 from unimem.backends.topics import Counters, PrecisionHelpers
 
@@ -24,7 +24,7 @@ from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
 from . import configure, diagnose, observe
-from .pools import allocator_in_use, device_pools, runtime_started
+from ._pools import allocator_in_use, device_pools, runtime_started
 
 __all__ = ["CupyBackend"]
 

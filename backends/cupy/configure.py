@@ -22,7 +22,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from unimem.backends.nvml import gate as nvml_gate
+from unimem.backends.nvml import _gate as nvml_gate
 from unimem.backends.steps import STATUS_APPLIED, STATUS_PENDING, STATUS_UNCHANGED, Step, devices_step, env_step
 
 from unimem.config import Settings
@@ -30,7 +30,7 @@ from unimem.errors import ConfigError
 from unimem.import_hooks import when_imported
 from unimem.support import Phase, When
 
-from .pools import ASYNC, POOL, RAW, driver_initialised
+from ._pools import ASYNC, POOL, RAW, driver_initialised
 
 __all__ = ["CAP_VAR", "FirstAllocation", "Pending", "State", "check", "make_allocator", "plan", "preallocate"]
 

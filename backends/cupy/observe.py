@@ -16,7 +16,7 @@ from unimem.backends.base import no_such_device
 
 from unimem.memory_stats import MemoryStats
 
-from .pools import ASYNC, POOL, PeakTracker, allocator_in_use, device_pools
+from ._pools import ASYNC, POOL, PeakTracker, allocator_in_use, device_pools
 
 if TYPE_CHECKING:
     from unimem.backends.base import Backend

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from unimem.backends.base import Backend, no_such_device
-from unimem.backends.jax import diagnose, runtime
-from unimem.backends.nvml import gate as nvml_gate
+from unimem.backends.jax import _runtime as runtime
+from unimem.backends.jax import diagnose
+from unimem.backends.nvml import _gate as nvml_gate
 from unimem.backends.steps import STATUS_NO_DEVICE, Step, devices_step, env_step
 from unimem.backends.topics import Counters, KeyValueStore, PrecisionHelpers, Profiler
 

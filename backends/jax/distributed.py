@@ -24,7 +24,7 @@ from unimem.backends.topics import KeyValueStore
 
 from unimem.import_hooks import when_imported
 
-from . import runtime
+from . import _runtime as runtime
 
 if TYPE_CHECKING:
     from .adapter import JaxBackend

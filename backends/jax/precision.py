@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from unimem.backends.jax import runtime
+from unimem.backends.jax import _runtime as runtime
 
 from unimem.errors import UnsupportedFeature
 from unimem.training.loss_scaling import LossScaler, NoLossScaling, ScalerConfig

@@ -1,6 +1,6 @@
 """NVML (nvidia-ml-py) as a backend: the framework-free view of device and process memory.
 
-It observes and never configures; every NVML call goes through ``gate``.
+It observes and never configures; every NVML call goes through ``_gate``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from unimem.errors import UnsupportedFeature
 from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support
 
-from . import gate
-from .gate import Reading
+from . import _gate as gate
+from ._gate import Reading
 
 __all__ = ["NvmlBackend"]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from unimem.backends.base import Backend, no_such_device
-from unimem.backends.nvml import gate as nvml_gate
+from unimem.backends.nvml import _gate as nvml_gate
 from unimem.backends.steps import STATUS_NO_DEVICE, STATUS_PENDING, STATUS_UNCHANGED, Step, devices_step, env_step
 from unimem.backends.tensorflow import diagnose
 from unimem.backends.topics import Counters, PrecisionHelpers, Profiler

@@ -41,7 +41,7 @@ def dtype(name: str) -> Any:
 
 def _nvml_compute_capability(index: int) -> tuple[int, int] | None:
     """The GPU's compute capability from NVML, which (unlike torch) does not start CUDA."""
-    from unimem.backends.nvml import gate
+    from unimem.backends.nvml import _gate as gate
 
     try:
         pynvml = gate.load()

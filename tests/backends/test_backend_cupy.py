@@ -90,7 +90,7 @@ R["imported_at_configure"] = "cupy" in sys.modules
 R["env"] = os.environ.get("CUPY_GPU_MEMORY_LIMIT")
 import cupy
 from cupy.cuda import memory
-from unimem.backends.cupy import pools
+from unimem.backends.cupy import _pools as pools
 R["cupy_reads"] = memory._parse_limit_string()  # what each device's pool passes to set_limit when made
 R["phase"] = int(unimem.registry.get_backend("cupy").phase())
 R["pools_made"] = pools.device_pools(cupy.get_default_memory_pool())
@@ -143,7 +143,7 @@ def actions(applied):
 R["async_before_import"] = actions(unimem.configure(backend="cupy", allocator="async"))
 R["hooks"] = pending_hooks("cupy")
 import cupy
-from unimem.backends.cupy import pools
+from unimem.backends.cupy import _pools as pools
 first = cupy.cuda.get_allocator()
 R["installed_at_import"] = type(first).__name__
 R["reads_as"] = pools.allocator_in_use(cupy)[0]
