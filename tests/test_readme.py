@@ -14,8 +14,10 @@ code that rots fails the suite. ``precisions:`` runs a python block once per lis
 precision, with its ``mixed_precision("fp16"`` call changed to that precision: the guide says
 the same loop serves every precision, and this holds it to that. Names are unique over all the
 files. Keep marked blocks fast (tiny models, a few steps: seconds on 2 CPU cores); code that
-needs a GPU is shown unmarked and says so. The selected blocks start together, as many at a
-time as there are cores: each is a process of its own, mostly spent importing a framework.
+needs a GPU is shown unmarked and says so. In a single pytest process the selected blocks start
+together, as many at a time as there are cores (each is a process of its own, mostly spent
+importing a framework); under pytest-xdist each runs when its test does, the workers being the
+parallelism.
 """
 
 from __future__ import annotations
@@ -149,9 +151,14 @@ def _run_block(py: Any, block: Block, cwd: Path) -> tuple[subprocess.CompletedPr
 
 @pytest.fixture(scope="session")
 def block_runs(request: pytest.FixtureRequest, py: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Future]:
-    """The selected blocks' runs, started at once (a block whose framework is missing is not)."""
-    pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1))
+    """The selected blocks' runs, started at once (a block whose framework is missing is not).
+
+    Empty under pytest-xdist: every worker collects every test, so each would start them all.
+    """
     runs: dict[int, Future] = {}
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return runs
+    pool = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1))
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         block = params.get("block")
@@ -169,10 +176,13 @@ def block_runs(request: pytest.FixtureRequest, py: Any, tmp_path_factory: pytest
     BLOCKS,
     ids=[f"{b.name}-{b.precision}" if b.precision else b.name for _, b in BLOCKS],
 )
-def test_documented_block_runs(block_runs: dict[int, Future], path: Path, block: Block) -> None:
+def test_documented_block_runs(
+    block_runs: dict[int, Future], py: Any, tmp_path: Path, path: Path, block: Block
+) -> None:
     for framework in sorted(frameworks_in(block.code)):
         need_framework(framework)
-    proc, took = block_runs[id(block)].result()
+    started = block_runs.get(id(block))
+    proc, took = started.result() if started is not None else _run_block(py, block, tmp_path)
     where = f"{path.relative_to(REPO)}: block {block.name!r} ({block.precision or 'as written'})"
     assert proc.returncode == 0, (
         f"{where} exited {proc.returncode}\n"
