@@ -26,6 +26,7 @@ _LAZY: dict[str, str] = {
     "Configuration": "in_force",
     "configuration": "in_force",
     "BackendUnavailable": "errors",
+    "ClusterError": "errors",
     "ConfigError": "errors",
     "OutOfMemory": "errors",
     "TooLateError": "errors",
@@ -38,7 +39,6 @@ _LAZY: dict[str, str] = {
     "accumulate": "training.accumulation",
     "accumulate_grads": "training.accumulation",
     "plan_accumulation": "training.accumulation",
-    "ClusterError": "observe.cluster",
     "ClusterStats": "observe.cluster",
     "cluster_stats": "observe.cluster",
     "RankInfo": "ranks",
@@ -93,6 +93,7 @@ if TYPE_CHECKING:
     from unimem.diagnose.report import OOMReport, Suggestion
     from unimem.errors import (
         BackendUnavailable,
+        ClusterError,
         ConfigError,
         OutOfMemory,
         TooLateError,
@@ -102,7 +103,7 @@ if TYPE_CHECKING:
     )
     from unimem.in_force import BackendConfiguration, Configuration, configuration
     from unimem.memory_stats import MemoryStats
-    from unimem.observe.cluster import ClusterError, ClusterStats, cluster_stats
+    from unimem.observe.cluster import ClusterStats, cluster_stats
     from unimem.observe.hook import MemoryHook
     from unimem.observe.monitor import Monitor, monitor
     from unimem.observe.plotting import RankLine, RanksPlot, plot_recordings

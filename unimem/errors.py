@@ -10,7 +10,9 @@ from typing import Any
 
 __all__ = [
     "BackendUnavailable",
+    "ClusterError",
     "ConfigError",
+    "NoFigures",
     "OutOfMemory",
     "TooLateError",
     "UnimemError",
@@ -143,6 +145,22 @@ class OutOfMemory(UnimemError, MemoryError):
     def __init__(self, message: str, report: Any = None) -> None:
         self.report = report
         super().__init__(message)
+
+
+class ClusterError(UnimemError, RuntimeError):
+    """The ranks of a job cannot work together.
+
+    Also a ``RuntimeError``. Raised by ``cluster_stats`` when the environment says there are
+    several ranks but no distributed runtime is initialised in this process to gather through,
+    and by ``find_batch_size`` over ranks when a rank does not answer in time, its step raised,
+    or the ranks are at different points of the search. The message says what to initialise,
+    or which rank failed and where to look.
+    """
+
+
+class NoFigures(Exception):
+    """Raised by a backend's counter reader that will never have figures here (a CPU device):
+    the monitor stops asking, and keeps the message as a note."""
 
 
 class UnimemWarning(UserWarning):

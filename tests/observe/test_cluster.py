@@ -18,8 +18,8 @@ import pytest
 from conftest import free_port, gather_ranks, run_json, run_ranks, subprocess_env
 
 import unimem
-from unimem.errors import ConfigError
-from unimem.observe.cluster import ClusterError, ClusterStats, RankStats
+from unimem.errors import ClusterError, ConfigError
+from unimem.observe.cluster import ClusterStats, RankStats
 
 MiB = 1 << 20
 

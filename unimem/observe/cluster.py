@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 from unimem import ranks, registry
 from unimem.api import stats
 from unimem.config import check_device
-from unimem.errors import ConfigError, UnimemError, UnimemWarning
+from unimem.errors import ClusterError, ConfigError, UnimemWarning
 from unimem.memory_stats import MemoryStats
 from unimem.sizes import format_bytes
 
 if TYPE_CHECKING:
     from unimem.backends.base import KeyValueStore
 
-__all__ = ["ClusterError", "ClusterStats", "Outlier", "RankStats", "cluster_stats"]
+__all__ = ["ClusterStats", "Outlier", "RankStats", "cluster_stats"]
 
 DEFAULT_TIMEOUT = 60.0  # seconds every rank may take to reach the call after the first
 # Figures that count things, not bytes.
@@ -37,14 +37,6 @@ _COUNTS = ("num_allocs", "num_ooms")
 # The figure an outlier is judged by: the first one any rank knows.
 _KEY_FIGURES = ("peak_allocated", "allocated", "peak_reserved", "reserved", "process_used", "host_rss")
 _calls = itertools.count(1)  # every rank numbers its calls alike, so call n's keys meet
-
-
-class ClusterError(UnimemError, RuntimeError):
-    """The cluster view cannot be gathered: the environment says there are several ranks, but no
-    distributed runtime is initialised in this process to gather through.
-
-    Also a ``RuntimeError``. The message says what to initialise.
-    """
 
 
 @dataclass(frozen=True)

@@ -46,14 +46,13 @@ from typing import IO, Any
 
 from unimem import ranks, registry
 from unimem.config import check_device
-from unimem.errors import BackendUnavailable, ConfigError, UnimemError
+from unimem.errors import BackendUnavailable, ConfigError, NoFigures, UnimemError
 from unimem.memory_stats import MemoryStats
 from unimem.observe.recording import (
     SOURCE_DEVICE,
     SOURCE_FRAMEWORK,
     BoundedSeries,
     Mark,
-    NoFigures,
     Recording,
     Sample,
     counted,

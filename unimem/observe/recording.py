@@ -21,7 +21,7 @@ from typing import Any
 from unimem.errors import BackendUnavailable, ConfigError
 from unimem.sizes import format_bytes
 
-__all__ = ["BoundedSeries", "Mark", "NoFigures", "Recording", "Sample", "load_recording"]
+__all__ = ["BoundedSeries", "Mark", "Recording", "Sample", "load_recording"]
 
 FORMAT = "unimem.recording/1"
 
@@ -30,11 +30,6 @@ SOURCE_FRAMEWORK = "framework"  # the framework's allocator counters, read in th
 SOURCE_DEVICE = "device"  # NVML (device and this process) and host RSS, read by the sampler process
 SOURCE_STEP = "step"  # a training step boundary (MemoryHook, Keras callback)
 CSV_META_PREFIX = "# unimem.observe.recording "  # the first line of a CSV: the recording's metadata as JSON
-
-
-class NoFigures(Exception):
-    """Raised by a backend's counter reader that will never have figures here (a CPU device):
-    the monitor stops asking, and keeps the message as a note."""
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from unimem import ranks, registry
-from unimem.errors import UnimemWarning
-from unimem.observe.cluster import ClusterError
+from unimem.errors import ClusterError, UnimemWarning
 
 if TYPE_CHECKING:
     from unimem.backends.base import KeyValueStore
