@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import unimem
-from unimem.search.batch_size import fit_linear
+from unimem.search.rules import fit_linear
 
 # --- the real thing, one subprocess per framework ------------------------------------------------
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import unimem
 from unimem import api
-from unimem.search import batch_size as search_module
+from unimem.search import runner, state
 from unimem.search.progress import Progress
 from unimem.search.rules import knee, saturation_note
 
@@ -33,7 +33,7 @@ MiB = 1 << 20
 def simulated(monkeypatch: pytest.MonkeyPatch) -> None:
     """A device the framework-free view shows (so no host limit), and no collection per failure."""
     monkeypatch.setattr(api, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1))
-    monkeypatch.setattr(search_module, "gc", types.SimpleNamespace(collect=lambda: 0))
+    monkeypatch.setattr(state, "gc", types.SimpleNamespace(collect=lambda: 0))
 
 
 def _says_saturated(notes: tuple[str, ...]) -> bool:
@@ -173,7 +173,7 @@ class Clocked:
 
 
 def _timed(monkeypatch: pytest.MonkeyPatch, step: Clocked, **kwargs: Any) -> unimem.BatchSizeSearch:
-    monkeypatch.setattr(search_module, "_clock", lambda: step.now)
+    monkeypatch.setattr(runner, "clock", lambda: step.now)
     return unimem.find_batch_size(step, return_trials=True, **kwargs)
 
 

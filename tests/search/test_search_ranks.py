@@ -467,7 +467,7 @@ def test_a_capacity_read_again_is_agreed_over_ranks(monkeypatch: pytest.MonkeyPa
     import time
     import types
 
-    from unimem.search import batch_size as search_module
+    from unimem.search import state
     from unimem.search.ranks import Ranks
 
     class Store:
@@ -484,16 +484,16 @@ def test_a_capacity_read_again_is_agreed_over_ranks(monkeypatch: pytest.MonkeyPa
             return self.shared.get(key)
 
     capacities = {0: 8_000, 1: 6_000}
-    monkeypatch.setattr(search_module, "_snapshot", lambda run: None)
-    monkeypatch.setattr(search_module, "_capacity", lambda run, snapshot: capacities[run.ranks.rank])
+    monkeypatch.setattr(state, "take_snapshot", lambda run: None)
+    monkeypatch.setattr(state, "capacity_of", lambda run, snapshot: capacities[run.ranks.rank])
     shared: dict[str, str] = {}
     limits: dict[int, tuple[bool, int | None]] = {}
 
     def rank(r: int) -> None:
         settings = types.SimpleNamespace(limit=None, measure=None, device=0)
-        run = search_module._Run(settings, backend="jax", limit=9_000)  # type: ignore[arg-type]
+        run = state.Run(settings, backend="jax", limit=9_000)  # type: ignore[arg-type]
         run.ranks = Ranks(Store(shared, r), "test store", 5.0, "t/")
-        limits[r] = (search_module._reread_capacity(run), run.limit)
+        limits[r] = (state.reread_capacity(run), run.limit)
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
     for thread in threads:

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 
 import unimem
 from unimem import api
-from unimem.search import batch_size as search_module
+from unimem.search import runner, state
 
 GiB, MiB = 1 << 30, 1 << 20
 SHAPES = ("linear", "convex", "bend", "clamped")
@@ -182,8 +182,8 @@ def simulated(monkeypatch: pytest.MonkeyPatch) -> Current:
     current = Current()
     for name in ("stats", "reset_peak", "clear_cache"):
         monkeypatch.setattr(api, name, lambda *a, _name=name, **k: getattr(current.device, _name)(*a, **k))
-    monkeypatch.setattr(search_module, "_clock", lambda: current.device.clock if current.device else 0.0)
-    monkeypatch.setattr(search_module, "gc", types.SimpleNamespace(collect=lambda: 0))
+    monkeypatch.setattr(runner, "clock", lambda: current.device.clock if current.device else 0.0)
+    monkeypatch.setattr(state, "gc", types.SimpleNamespace(collect=lambda: 0))
     # A device the framework-free view shows: a blind search is not held to this machine's host memory.
     monkeypatch.setattr(api, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1))
     return current

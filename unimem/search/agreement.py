@@ -1,0 +1,65 @@
+"""A batch search over ranks: the arguments and each call of the step as every rank saw them,
+agreed through the runtime's key-value store (the transport: ``unimem.search.ranks``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from unimem.errors import ConfigError
+from unimem.search.ranks import Outcome, known, worst
+
+if TYPE_CHECKING:
+    from unimem.search.state import Run
+
+__all__ = ["agree", "agree_open"]
+
+
+def agree_open(run: Run) -> None:
+    """Before the first trial: the ranks passed the same arguments; the limit is the smallest
+    over ranks, the bytes in use before the search the largest (so one model holds on every rank)."""
+    assert run.ranks is not None
+    mine = run.settings.fingerprint()
+    payload = {"kind": "start", "size": 0, "settings": mine}  # the arguments are compared below, by name
+    payload.update(limit=run.limit, baseline=run.baseline, running_peak=run.running_peak)
+    answers = run.ranks.exchange(payload)
+    for rank, theirs in sorted(answers.items()):
+        for name, value in theirs["settings"].items():
+            if value != mine.get(name):
+                raise ConfigError(
+                    name,
+                    f"rank {rank} passed {name}={value!r} where rank {run.ranks.rank} passed {mine.get(name)!r}: "
+                    "every rank of a collective search must pass the same arguments",
+                )
+    every = list(answers.values())
+    run.limit = worst([p["limit"] for p in every], min)
+    run.baseline = worst([p["baseline"] for p in every])
+    run.running_peak = worst([p["running_peak"] for p in every])
+
+
+def agree(run: Run, kind: str, size: int, outcome: Outcome, elapsed: float) -> Outcome:
+    """A call of the step as every rank saw it: it fit only where it fit on every rank, the figures
+    are the largest over ranks, the limit (read again after the call) the smallest. ``elapsed``:
+    the seconds this rank has searched; ``run.elapsed`` becomes the longest over ranks."""
+    if run.ranks is None:
+        return outcome
+    answers = run.ranks.exchange(
+        {"kind": kind, "size": size, "limit": run.limit, "elapsed": elapsed, **outcome.__dict__}
+    )
+    every = [p for _, p in sorted(answers.items())]
+    run.elapsed = max(p.get("elapsed", elapsed) for p in every)  # so that every rank stops at the same trial
+    failed = [(rank, p["error"]) for rank, p in sorted(answers.items()) if p["error"] is not None]
+    error = None
+    if failed:
+        rank, text = failed[0]
+        more = f" (and rank(s) {', '.join(str(r) for r, _ in failed[1:])})" if len(failed) > 1 else ""
+        error = f"rank {rank}{more}: {text}"
+    run.limit = worst([p["limit"] for p in every], min)
+    fits = error is None
+    return Outcome(
+        error,
+        max(p["seconds"] for p in every),
+        worst([p["peak"] for p in every]) if fits else None,
+        worst([p["peak_reserved"] for p in every]) if fits else None,
+        known([p["kept"] for p in every]),
+        known([p["overhead"] for p in every]) if fits else None,
+    )

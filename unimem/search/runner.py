@@ -1,0 +1,374 @@
+"""The batch search's trial runner: open the search, run, release and record each trial, ask the
+policy for the next size, and conclude (re-running the answer where a later failure may have
+changed what fits)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from unimem import api, registry
+from unimem.diagnose.guard import find_oom
+from unimem.errors import ConfigError, OutOfMemory, UnimemWarning
+from unimem.search.agreement import agree, agree_open
+from unimem.search.attempt import attempt
+from unimem.search.policy import call_budget, choose, is_converged
+from unimem.search.predictions import first_size, new_scale, predicted_peak
+from unimem.search.progress import Progress, interrupted
+from unimem.search.ranks import Outcome, Ranks, connect
+from unimem.search.result import BatchSizeSearch, Trial
+from unimem.search.rules import SATURATION_CAUSE, fit, saturation_note
+from unimem.search.settings import Settings, aimed
+from unimem.search.state import (
+    Run,
+    adopt,
+    capacity_of,
+    framework,
+    hold_to_host,
+    measured_by,
+    read_kept,
+    read_peak,
+    record,
+    release,
+    room_of,
+    take_snapshot,
+)
+from unimem.sizes import format_bytes
+from unimem.training.accumulation import plan_accumulation
+
+__all__ = ["clock", "run_search"]
+
+# The clock every trial is timed with (the simulated searches in the tests advance their own).
+clock = time.perf_counter
+
+
+def _open(settings: Settings, over: Ranks | None = None) -> Run:
+    """The search's state before its first trial: the framework, the limit, the baseline; over
+    ranks, agreed by all of them (progress lines on rank 0 only)."""
+    shown = settings.progress if over is None or over.rank == 0 else False
+    run = Run(settings, progress=Progress(shown), ranks=over, began=clock())
+    run.use(framework(settings))
+    if settings.lower is not None:
+        run.scale = new_scale(run)
+    elif settings.limit is not None and settings.measure is None and run.backend is None:
+        raise ConfigError(
+            "limit",
+            "a limit needs each trial's peak memory, and no framework is in use to report it; "
+            "pass measure= (a callable returning the last trial's peak bytes) or backend=",
+        )
+    if run.backend is not None:
+        release(run)
+    run.before = take_snapshot(run)
+    run.limit = settings.limit if settings.limit is not None else capacity_of(run, run.before)
+    if run.scale is not None:
+        run.scale.room = room_of(run, run.before)
+    run.measured_by = measured_by(run)
+    # The baseline turns one measured trial into a size that surely fits (see safe_size).
+    run.baseline = settings.baseline
+    if run.baseline is None and settings.measure is None and run.before is not None:
+        run.baseline = run.before.allocated
+    if run.scale is not None:
+        run.scale.held = run.baseline
+    if run.before is not None and settings.measure is None:
+        run.running_peak = run.before.peak_allocated
+    hold_to_host(run)
+    if over is not None:
+        agree_open(run)
+    return run
+
+
+def _trial(step: Callable[[int], Any], run: Run, size: int, reason: str) -> None:
+    """One real call of ``step``, measured, released and recorded."""
+    predicted = predicted_peak(run, size)
+    in_use = None
+    if run.settings.measure is None and run.backend is not None:
+        api.reset_peak(run.backend, run.device)
+        in_use = api.stats(run.backend, run.device, nvml=False).allocated
+    if run.host_peaks is not None:
+        run.host_peaks.begin()
+    kept_before = run.kept_total
+    t0 = clock()
+    run.calls += 1
+    error, run.last_oom = attempt(step, size, run.bad is not None, run.adapter, run.ranks)
+    seconds = clock() - t0
+    peak, peak_reserved, overhead = read_peak(run) if error is None else (None, None, None)
+    if error is None and run.host is not None and peak is not None and run.limit is not None and peak > run.limit:
+        # It ran, but past what the host can spare: a larger size could make the kernel kill the process.
+        error = f"its resident peak {format_bytes(peak)} passed the host limit {format_bytes(run.limit)}"
+    release(run, failed=error is not None)  # outside the except block: the frames are gone
+    kept = read_kept(run, in_use) if error is not None else None
+    if run.backend is None and run.settings.backend is None and not run.trials:
+        adopt(run)
+    outcome = Outcome(error, seconds, peak, peak_reserved, kept, overhead)
+    agreed = agree(run, "trial", size, outcome, clock() - run.began)
+    error, seconds, peak, peak_reserved, kept = (
+        agreed.error,
+        agreed.seconds,
+        agreed.peak,
+        agreed.peak_reserved,
+        agreed.kept,
+    )
+    run.failed_calls += error is not None
+    if agreed.overhead is not None and size > run.good:
+        run.overhead = agreed.overhead  # the pool's overhead at the largest trial that fit
+    if error is not None and run.adapter is not None and run.adapter.failed_step_keeps_outputs:
+        # Lost for good. Elsewhere what stays is the step's own state (gradients a failed
+        # backward set), which the next step reuses.
+        run.kept_total += kept or 0
+    run.trials.append(Trial(size, error is None, peak, seconds, reason, error, peak_reserved, kept, predicted))
+    run.progress.call(size, error is None, peak, seconds, reason, run.calls, run.settings.max_trials)
+    if run.scale is not None:
+        run.scale.ran(size, error is None, kept_before, peak)
+    run.point_kept[size] = kept_before
+    record(run, size, error is None, peak)
+
+
+def _nothing_fits(run: Run) -> OutOfMemory:
+    """The error when batch size 1 failed, with the report of its out-of-memory error (on a rank
+    where it ran, naming the ranks where it did not)."""
+    if run.last_oom is None:
+        where = " on every rank" if run.ranks is not None else ""
+        return OutOfMemory(f"even batch size 1 does not fit{where}: {run.trials[-1].error}", None)
+    oom = find_oom(run.last_oom) or run.last_oom
+    from unimem.diagnose.report import build_report
+
+    report = build_report(oom, backend=run.backend, device=run.device, batch_size=1)
+    return OutOfMemory(f"even batch size 1 does not fit.\n{report}", report)
+
+
+def _quiet(step: Callable[[int], Any], model: Any) -> Callable[[int], Any]:
+    """``step`` run inside the context the model's framework gives each trial (``Backend.trial_context``),
+    in which the model makes no collective of its own."""
+    for name in registry.imported_frameworks():
+        enter = registry.get_backend(name).trial_context(model)
+        if enter is not None:
+
+            def quiet(size: int, enter: Callable[[], contextlib.AbstractContextManager[None]] = enter) -> Any:
+                with enter():
+                    return step(size)
+
+            return quiet
+    raise ConfigError(
+        "model",
+        f"expected the module the step trains (its data-parallel wrapper, of a framework in use), got "
+        f"{type(model).__name__}; or leave model=None and run the step's forward and backward without "
+        "gradient synchronisation yourself",
+    )
+
+
+def run_search(step: Callable[[int], Any], settings: Settings) -> BatchSizeSearch:
+    began = time.perf_counter()
+    if settings.model is not None:
+        step = _quiet(step, settings.model)
+    over = connect(settings.collective, settings.timeout)
+    run = _open(aimed(settings, over), over)
+    try:
+        size, reason = first_size(run), "start"
+        while True:
+            _trial(step, run, size, reason)
+            if run.good == 0 and run.bad == 1:
+                raise _nothing_fits(run) from run.last_oom
+            run.model, convex = fit(run.points, baseline=run.baseline)
+            converged = is_converged(run)
+            if converged or run.calls >= call_budget(run) or _out_of_time(run):
+                break
+            size, reason = choose(run, convex)
+            converged = is_converged(run)  # the sizes compiled to place it may bound the answer
+            if converged:
+                break
+        return _finish(step, run, converged, began)
+    except KeyboardInterrupt as exc:
+        interrupted(exc, run.good or None, run.calls)
+        raise
+
+
+def _out_of_time(run: Run) -> bool:
+    """Whether ``time_limit=`` has passed (over ranks: on any rank, as of the last trial's agreement,
+    so that every rank stops after the same trial)."""
+    bound = run.settings.time_limit
+    if bound is None:
+        return False
+    elapsed = run.elapsed if run.ranks is not None and run.elapsed is not None else clock() - run.began
+    run.out_of_time = elapsed >= bound
+    return run.out_of_time
+
+
+def _finish(step: Callable[[int], Any], run: Run, converged: bool, began: float) -> BatchSizeSearch:
+    """After the last trial: the answer confirmed or not, the notes, memory given back."""
+    settings = run.settings
+    if run.good == 0:
+        before = f" before time_limit={settings.time_limit:g} s passed" if run.out_of_time else ""
+        raise OutOfMemory(
+            f"no batch size fit in {len(run.trials)} trials{before} (smallest tried: "
+            f"{min(t.batch_size for t in run.trials)}); start lower, or raise "
+            + ("time_limit" if run.out_of_time else "max_trials"),
+            None,
+        )
+    # stacklevel 4: _finish, run_search, find_batch_size (or the decorated function), the caller.
+    spent = (
+        f"time_limit={settings.time_limit:g} s passed after {run.calls} call(s) of the step"
+        if run.out_of_time
+        else f"max_trials={settings.max_trials} calls of the step ran out"
+    ) + (f" before the answer was within margin={settings.margin}; returning {run.good}, the largest size that ran")
+    if not converged:
+        warnings.warn(f"find_batch_size: {spent}", UnimemWarning, stacklevel=4)
+    answer, confirmations, confirmed, notes = _conclude(step, run)
+    if confirmed is False:
+        warnings.warn(f"find_batch_size: {notes[-1]}", UnimemWarning, stacklevel=4)
+    release(run, final=True)
+    after = take_snapshot(run)
+    if run.limit is None and settings.measure is None and run.scale is None:
+        notes.append("no memory limit known: searched by doubling and bisection, without a model")
+    if run.scale is not None and run.scale.distrust is not None:
+        notes.append(f"predictions (lower=) set aside: {run.scale.distrust}")
+    if run.host is not None:
+        notes.append(run.host.note())
+    if not converged:
+        notes.insert(0, spent)
+    scale = run.scale
+    world = 1 if run.ranks is None else run.ranks.world_size
+    target = settings.target_global_batch
+    return BatchSizeSearch(
+        batch_size=answer,
+        trials=tuple(run.trials),
+        smallest_failure=run.bad,
+        converged=converged,
+        margin=settings.margin,
+        limit=run.limit,
+        model=run.model,
+        baseline=run.baseline,
+        measured_by=run.measured_by,
+        seconds=time.perf_counter() - began,
+        before=run.before,
+        after=after,
+        notes=tuple(notes),
+        confirmations=confirmations,
+        confirmed=confirmed,
+        step_calls=run.calls,
+        failed_calls=run.failed_calls,
+        compile_calls=0 if scale is None else scale.compiles,
+        predictions=() if scale is None else tuple(sorted(scale.memo.items())),
+        world_size=world,
+        plan=None if target is None else plan_accumulation(target, answer, world),
+        time_limit_passed=run.out_of_time,
+    )
+
+
+def _conclude(step: Callable[[int], Any], run: Run) -> tuple[int, tuple[Trial, ...], bool | None, list[str]]:
+    """After the search: the answer re-run or not (see ``_confirm``), and the notes on what
+    the peaks and the failed trials showed."""
+    good, limit, kept_total = run.good, run.limit, run.kept_total
+    cause = _saturation_cause(run)
+    saturated = None if cause is None else saturation_note(run.points, limit, good, cause)
+    notes = [note for note in (saturated, _kept_note(run)) if note]
+    ran = max((t for t in run.trials if t.fits and t.batch_size == good), key=lambda t: t.peak or 0)
+    if run.settings.confirm and limit is not None and kept_total and ran.peak and ran.peak + kept_total > limit:
+        # Its peak no longer fits beside what the failed trials kept: re-running it (and one
+        # size lower) would fail again, each failure costing seconds and maybe more memory.
+        notes.append(
+            f"{good} ran during the search (peak {format_bytes(ran.peak)}) but cannot run again in this process "
+            f"beside the {format_bytes(kept_total)} the failed trials left in use (limit {format_bytes(limit)}); "
+            f"start a fresh process with batch size {good}"
+        )
+        return good, (), False, notes
+    answer, confirmations, confirmed = _confirm(step, run)
+    spent = (
+        f"time_limit={run.settings.time_limit:g} s passed"
+        if run.out_of_time
+        else f"max_trials={run.settings.max_trials} spent"
+    )
+    if confirmed is None and run.settings.confirm and _failed_after(run):
+        notes.append(f"{good} was not re-run after the search's last failure: {spent}")
+    if confirmed is False:
+        why = "the failed trials left memory in use (above)" if kept_total else "the pool is left fragmented"
+        lower = f", nor did {confirmations[-1].batch_size}" if len(confirmations) > 1 else f" (no size lower: {spent})"
+        notes.append(
+            f"{good} ran during the search but not again after its last out-of-memory error{lower}: {why}; "
+            f"start a fresh process with batch size {good}"
+        )
+    return answer, confirmations, confirmed, notes
+
+
+def _saturation_cause(run: Run) -> str | None:
+    """How the framework searched saves memory near its limit, in its own words; the neutral words
+    where no framework's figures are read; None for a framework that never does (no note then)."""
+    adapter = run.adapter
+    if adapter is None:
+        return SATURATION_CAUSE
+    return adapter.saturation_cause if adapter.rematerializes else None
+
+
+def _failed_after(run: Run) -> bool:
+    """Whether a trial failed after the answer last ran."""
+    ran_at = max(i for i, t in enumerate(run.trials) if t.fits and t.batch_size == run.good)
+    return not all(t.fits for t in run.trials[ran_at + 1 :])
+
+
+def _kept_note(run: Run) -> str | None:
+    """What the failed trials left in use, when it is worth saying (over 1% of the limit)."""
+    failed = [t for t in run.trials if t.kept]
+    total = sum(t.kept or 0 for t in failed)
+    if not failed or run.adapter is None or (run.limit and total < 0.01 * run.limit):
+        return None
+    return (
+        f"{format_bytes(total)} stayed in use after {len(failed)} failed trial(s) "
+        f"({', '.join(f'{t.batch_size}: {format_bytes(t.kept or 0)}' for t in failed)}): "
+        f"{run.adapter.kept_outputs_note}"
+    )
+
+
+def _rerun(step: Callable[[int], Any], run: Run, size: int, reason: str) -> Trial:
+    """One call of ``step`` after the search, released like a trial; its peak is no point of the fit."""
+    t0 = clock()
+    run.calls += 1
+    error, _ = attempt(step, size, True, run.adapter, run.ranks, "re-run")
+    seconds = clock() - t0
+    if run.settings.measure is not None:
+        run.settings.measure()  # drop this call's peak, so no later reading sees it
+    release(run, failed=error is not None)
+    agreed = agree(run, "re-run", size, Outcome(error, seconds), clock() - run.began)
+    error, seconds = agreed.error, agreed.seconds
+    run.failed_calls += error is not None
+    run.progress.call(size, error is None, None, seconds, reason, run.calls, run.settings.max_trials)
+    return Trial(size, error is None, None, seconds, reason, error)
+
+
+def _settling(run: Run) -> contextlib.AbstractContextManager[None]:
+    """Where the framework has a better moment to release the pool during the settle call
+    than before it (``Backend.settle``), the context that does so."""
+    if run.adapter is None:
+        return contextlib.nullcontext()
+    return run.adapter.settle(lambda: release(run))
+
+
+def _confirm(step: Callable[[int], Any], run: Run) -> tuple[int, tuple[Trial, ...], bool | None]:
+    """Re-run the answer when a trial failed after it ran: what fits near the limit depends
+    on the pool's history (cached segments split by the failed step; a pool after an OOM),
+    and the caller will run it next. If it fails, one step down by the margin; after one
+    that runs, a call at ``start`` ("settle") where the framework asks for one
+    (``Backend.settle_call``). Every call counts against ``max_trials``.
+    Returns the answer, the re-runs, and whether one ran (None: not needed, or no call left)."""
+    settings, good = run.settings, run.good
+    if not settings.confirm or run.out_of_time or not _failed_after(run):
+        return good, (), None
+    done: list[Trial] = []
+    # One step down: the smallest size still within the margin of any size below ``good``.
+    for size in dict.fromkeys((good, max(1, math.ceil((1 - settings.margin) * (good - 1))))):
+        if run.calls >= settings.max_trials:
+            break
+        done.append(_rerun(step, run, size, "confirm"))
+        if done[-1].fits:
+            if settings.start < size and run.calls < settings.max_trials and run.adapter and run.adapter.settle_call:
+                # What the step keeps between calls (gradients set to None at the next step's
+                # start) was allocated inside the answer's large segments, which it now pins:
+                # one call at ``start``, with the pool released where the framework says
+                # (``settle``), moves it to small ones, so the pool shrinks back to its size
+                # before the search (docs/measurements.md, "batch-size search").
+                with _settling(run):
+                    done.append(_rerun(step, run, settings.start, "settle"))
+            return size, tuple(done), True
+    return good, tuple(done), (False if done else None)

@@ -1,0 +1,313 @@
+"""What one batch search knows and reads: the run record, the framework's snapshots, the
+capacity a trial's peak may reach, each trial's peak and what a failure left in use, and the
+bounds the trials set on the answer."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from unimem import api, ranks, registry
+from unimem.errors import ConfigError, UnimemWarning
+from unimem.memory_stats import MemoryStats
+from unimem.search.host_limit import HostLimit, HostPeaks, read_limit
+from unimem.search.progress import Progress
+from unimem.search.result import Trial
+from unimem.search.rules import line_bound
+from unimem.search.scale import Scale
+from unimem.search.settings import Settings
+
+if TYPE_CHECKING:
+    from unimem.backends.base import Backend
+    from unimem.search.ranks import Ranks
+
+__all__ = [
+    "Run",
+    "adopt",
+    "capacity_of",
+    "framework",
+    "hold_to_host",
+    "measured_by",
+    "read_kept",
+    "read_peak",
+    "record",
+    "release",
+    "reread_capacity",
+    "room_of",
+    "scale_limit",
+    "take_snapshot",
+    "upper_bound",
+]
+
+# The fit uses the peak bytes in use (smooth in the batch size). torch's cap bounds the
+# bytes its caching allocator reserves, which at small batches move in 2 and 20 MiB
+# segments: the prediction holds the peak in use against the cap less the pool's
+# overhead (peak reserved - peak in use) seen at the largest trial that fit.
+_PEAK_FIELD = "peak_allocated"
+
+
+@dataclass
+class Run:
+    """What one search knows so far; the trial runner and the conclusion update it."""
+
+    settings: Settings
+    backend: str | None = None  # the framework whose figures are read; None: none in use
+    adapter: Backend | None = None  # its adapter, asked what the search does differently for it
+    limit: int | None = None  # bytes a trial's peak may reach
+    measured_by: str = ""
+    baseline: int | None = None  # bytes in use before the search, which every peak includes
+    before: MemoryStats | None = None
+    trials: list[Trial] = field(default_factory=list)
+    points: list[tuple[int, int]] = field(default_factory=list)  # (size, peak) of the trials that fit
+    # A framework that cannot reset its peak reads None for a trial below the process's peak
+    # so far. That peak, while the search has seen every step since it was read (no failure,
+    # whose partial allocations it would not see), bounds the trial's from above: a (size,
+    # bound) point keeps the sure lower bound sure, though it is no point of the fit.
+    bounded: list[tuple[int, int]] = field(default_factory=list)
+    running_peak: int | None = None
+    kept_total: int = 0  # bytes failed trials left in use for good (``failed_step_keeps_outputs``)
+    overhead: int = 0  # the pool's bytes beyond those in use, at the largest trial that fit
+    good: int = 0  # the largest size that ran
+    bad: int | None = None  # the smallest size that did not
+    model: tuple[float, float] | None = None
+    last_oom: BaseException | None = None
+    calls: int = 0  # every call of the step, re-runs after the search included (max_trials bounds it)
+    failed_calls: int = 0
+    scale: Scale | None = None  # with lower=: the predicted peaks, and what the runs say about them
+    # A failure refutes what said it would fit: the sure bound for good (the limit is not the
+    # capacity, or the use grew faster than the batch), the fitted line until a size fits after it.
+    sure_refuted: bool = False
+    line_refuted_at: int | None = None  # len(points) when a failure refuted the line
+    last_safe: int | None = None  # the sure bound and the line's answer when the last size was chosen
+    last_predicted: int | None = None
+    brackets: list[tuple[int, int]] = field(default_factory=list)  # (good, high) after each trial
+    point_kept: dict[int, int] = field(default_factory=dict)  # kept_total when each point's size ran
+    progress: Progress = field(default_factory=lambda: Progress(False))
+    ranks: Ranks | None = None  # the ranks every trial is agreed with; None: a single process
+    # Where no device figure is known: the host's limit, and each trial's resident peak (``host_limit``).
+    host: HostLimit | None = None
+    host_peaks: HostPeaks | None = None
+    began: float = 0.0  # clock() when the search began
+    elapsed: float | None = None  # over ranks: the longest any rank has searched, as of the last agreement
+    out_of_time: bool = False  # time_limit= passed before the answer was within the margin
+
+    @property
+    def device(self) -> int:
+        return self.settings.device
+
+    def use(self, backend: str | None) -> None:
+        """Read ``backend``'s figures from now on (None: no framework's)."""
+        self.backend = backend
+        self.adapter = None if backend is None else registry.get_backend(backend)
+
+
+def framework(settings: Settings) -> str | None:
+    """The framework whose figures to read: the one named (None for the framework-free view),
+    else the one an action means (``registry.resolve``); None while no framework is configured
+    or imported (the first trial may import it). Several in use is a ``ConfigError``."""
+    if settings.backend is not None:
+        return settings.backend if registry.is_framework(settings.backend) else None
+    try:
+        return registry.resolve(None, "action")
+    except ConfigError:
+        if registry.imported_frameworks() or registry.configured():
+            raise  # several in use: unimem never guesses
+        return None
+
+
+def take_snapshot(run: Run) -> MemoryStats | None:
+    return None if run.backend is None else api.stats(run.backend, run.device)
+
+
+def capacity_of(run: Run, snapshot: MemoryStats | None) -> int | None:
+    """Bytes the measured peak may reach, as the framework reads its snapshot (its cap by
+    default). With predictions and a largest buffer the allocator can hand out, the cap: the
+    pool's pieces are then held against each size's largest buffer (``Scale.room``)."""
+    if snapshot is None or run.adapter is None:
+        return None
+    if run.scale is not None and run.scale.largest and run.adapter.search_largest_buffer(snapshot) is not None:
+        return snapshot.limit
+    return run.adapter.search_capacity(snapshot)
+
+
+def room_of(run: Run, snapshot: MemoryStats | None) -> int | None:
+    """The largest buffer the allocator can hand out now (figures from the framework only)."""
+    if snapshot is None or run.adapter is None or run.settings.measure is not None:
+        return None
+    return run.adapter.search_largest_buffer(snapshot)
+
+
+def measured_by(run: Run) -> str:
+    if run.settings.measure is not None:
+        return "measure="
+    if run.host is not None:
+        return "the process's resident peak (host memory)"
+    if run.backend is not None:
+        return f"stats({run.backend!r}).{_PEAK_FIELD}"
+    return "nothing (no framework in use, no measure=)"
+
+
+def hold_to_host(run: Run) -> None:
+    """Where nothing bounds the sizes (no ``limit=``, no ``measure=``, and no device figure: a host
+    without a GPU), the host's memory does (``host_limit``): past it the kernel kills the process
+    rather than the step raising. Ranks of one host share it."""
+    settings = run.settings
+    if settings.limit is not None or settings.measure is not None or run.limit is not None:
+        return
+    view = run.before if run.before is not None else api.framework_free_stats(run.device)
+    if view.device_total is not None or view.peak_allocated is not None or view.limit is not None:
+        return
+    local = ranks.rank_info(runtime=False).local_world_size
+    held = read_limit(local or (1 if run.ranks is None else run.ranks.world_size))
+    if held is None:
+        return
+    run.host, run.host_peaks = held, HostPeaks()
+    run.limit, run.measured_by = held.limit, measured_by(run)
+    run.baseline = held.resident if settings.baseline is None else settings.baseline
+    run.running_peak = run.host_peaks.so_far()
+    if run.scale is not None:
+        run.scale.held = run.baseline
+
+
+def reread_capacity(run: Run) -> bool:
+    """Read the capacity again where it is the framework's (no ``limit=``, figures from the
+    framework), and the largest buffer its allocator can hand out (with predictions):
+    compilations and runs grow a pool taken on demand. Over ranks, the smallest any rank knows,
+    so that every rank places the same size. True when either changed."""
+    ours = run.settings.limit is None
+    if run.settings.measure is not None or run.backend is None or not (ours or run.scale is not None):
+        return False
+    snapshot = take_snapshot(run)
+    capacity = capacity_of(run, snapshot) if ours else run.limit
+    room = None if run.scale is None else room_of(run, snapshot)
+    if run.ranks is not None:
+        answers = run.ranks.exchange({"kind": "capacity", "size": run.good, "limit": capacity, "room": room})
+        capacity = min((p["limit"] for p in answers.values() if p["limit"] is not None), default=None)
+        room = min((p["room"] for p in answers.values() if p["room"] is not None), default=None)
+    changed = ours and capacity is not None and capacity != run.limit
+    if changed:
+        run.limit = capacity
+    if run.scale is not None and room != run.scale.room:
+        run.scale.room = room
+        changed = True
+    return changed
+
+
+def adopt(run: Run) -> None:
+    """After the first trial, which may have imported the framework: read its figures from now on."""
+    run.use(framework(run.settings))
+    if run.backend is not None and run.settings.measure is None:
+        snapshot = take_snapshot(run)
+        limit = run.settings.limit if run.settings.limit is not None else capacity_of(run, snapshot)
+        if run.host is not None:
+            if limit is None:
+                return  # still no device figure: the host's
+            # A device after all: its figures from now on, none of the host's.
+            run.host = run.host_peaks = None
+            run.points.clear()
+            run.bounded.clear()
+            run.baseline, run.running_peak = run.settings.baseline, None
+        run.measured_by = measured_by(run)
+        run.limit = limit
+        if run.scale is not None:
+            run.scale.room = room_of(run, snapshot)
+
+
+def release(run: Run, *, failed: bool = False, final: bool = False) -> None:
+    """Give back what the last trial left, outside any ``except`` block."""
+    if failed or final:
+        gc.collect()  # a failed step's objects may sit in reference cycles
+    if run.adapter is None:
+        return
+    if run.adapter.release_every_trial or final:
+        # Every trial where that is cheap, so the next peak is measured from a clean pool;
+        # elsewhere at the end only (clearing may drop compiled steps, or cannot free).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnimemWarning)
+            api.clear_cache(run.backend, run.device)
+
+
+def read_peak(run: Run) -> tuple[int | None, int | None, int | None]:
+    """The peak, the pool's peak and the pool's overhead of the trial that just fit (None: unknown)."""
+    if run.settings.measure is not None:
+        value = run.settings.measure()
+        return (None if value is None else int(value)), None, None
+    if run.host_peaks is not None:
+        return run.host_peaks.read(), None, None
+    if run.backend is None or run.adapter is None:
+        return None, None, None
+    figures = api.stats(run.backend, run.device, nvml=False)
+    peak, peak_reserved = figures.peak_allocated, figures.peak_reserved
+    overhead = None
+    if peak is not None and peak_reserved is not None:
+        overhead = run.adapter.pool_overhead(peak, peak_reserved)
+    return peak, peak_reserved, overhead
+
+
+def read_kept(run: Run, in_use: int | None) -> int | None:
+    """Bytes still in use after a failed trial was released, above those in use before it."""
+    if in_use is None or run.adapter is None:
+        return None
+    now = api.stats(run.backend, run.device, nvml=False).allocated
+    return None if now is None else max(0, now - in_use)
+
+
+def record(run: Run, size: int, fits: bool, peak: int | None) -> None:
+    """Update the bounds, the points and the process's running peak with a trial's outcome."""
+    if fits and peak is None and run.running_peak is not None:
+        run.bounded.append((size, run.running_peak))
+    if not fits:
+        run.running_peak = None
+    elif peak is not None and run.running_peak is not None:
+        run.running_peak = max(run.running_peak, peak)
+    figures = run.points or run.bounded or run.scale is not None  # predicted peaks count as figures
+    if fits and peak is None and run.settings.limit is not None and not figures:
+        raise ConfigError(
+            "limit",
+            f"a limit needs each trial's peak memory, and {run.measured_by} gave none for batch size {size}; "
+            "pass measure= as well (a callable returning the last trial's peak bytes), or drop limit=",
+        )
+    if fits:
+        run.good = max(run.good, size)
+        if peak is not None:
+            run.points.append((size, peak))
+    else:
+        run.bad = size if run.bad is None else min(run.bad, size)
+        # What said this size would fit is refuted (see Run).
+        if run.last_safe is not None and size <= run.last_safe:
+            run.sure_refuted = True
+        if run.last_predicted is not None and size <= run.last_predicted:
+            run.line_refuted_at = len(run.points)
+    high = upper_bound(run)
+    if run.good and high is not None:
+        run.brackets.append((run.good, high))
+
+
+def scale_limit(run: Run) -> int | None:
+    """The limit the predicted peaks are held against (the pool's own overhead apart)."""
+    return None if run.limit is None else run.limit - run.overhead
+
+
+def upper_bound(run: Run) -> int | None:
+    """The largest size that can still fit: below the smallest failure, at most ``max_size``,
+    and, while the predictions are used, below the smallest size predicted past the capacity."""
+    bounds = [None if run.bad is None else run.bad - 1, run.settings.max_size, _line_bound(run)]
+    if run.scale is not None and run.scale.trusted:
+        bounds.append(run.scale.bound(scale_limit(run), run.kept_total, run.good))
+    known = [x for x in bounds if x is not None]
+    return min(known) if known else None
+
+
+def _line_bound(run: Run) -> int | None:
+    """Where a framework that never trades compute for memory (``Backend.rematerializes``) holds
+    a step whose peaks grow at least linearly, the sizes above the largest measured one that the
+    limit leaves room for: none past ``line_bound``. None unless a sure bound still stands."""
+    adapter = run.adapter
+    if adapter is None or adapter.rematerializes or run.limit is None or run.sure_refuted:
+        return None
+    # What failed trials kept since the largest point ran is lost to every size above it.
+    largest = max(run.points, default=None)
+    kept = 0 if largest is None else run.kept_total - run.point_kept.get(largest[0], run.kept_total)
+    return line_bound(run.points, run.limit - run.overhead - kept, run.baseline)
