@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from unimem.backends import steps
-from unimem.backends.jax import adapter as jax_backend
+from unimem.backends.jax import configure as jax_configure
 from unimem.backends.nvml import _gate as nvml_backend
 
 import unimem
@@ -216,7 +216,7 @@ def test_a_refused_call_does_not_move_the_devices_base(warm):
 def test_valid_split_and_alias():
     applied = unimem.configure(fraction={"tf": 0.25, "jax": 0.5})
     assert applied.backends == ("tensorflow", "jax")
-    assert os.environ[jax_backend.fraction_variable()] == "0.5"
+    assert os.environ[jax_configure.fraction_variable()] == "0.5"
     assert [a.value for a in applied.get("tensorflow", "fraction")] == [0.25]
 
 
@@ -357,7 +357,7 @@ def test_configure_from_env_reads_every_variable(monkeypatch):
     monkeypatch.setenv("UNIMEM_DEVICES", "1,0")
     applied = unimem.configure_from_env()
     assert applied.backends == ("jax",)
-    assert os.environ[jax_backend.fraction_variable()] == "0.4"
+    assert os.environ[jax_configure.fraction_variable()] == "0.4"
     assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     assert os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] == "cuda_async"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,0"
@@ -369,7 +369,7 @@ def test_configure_from_env_reads_a_split(monkeypatch):
     assert applied.backends == ("torch", "jax")
     assert [a.value for a in applied.get("torch", "fraction")] == [0.6]
     assert [a.value for a in applied.get("jax", "fraction")] == [0.3]
-    assert os.environ[jax_backend.fraction_variable()] == "0.3"
+    assert os.environ[jax_configure.fraction_variable()] == "0.3"
 
 
 def test_configure_from_env_reads_a_limit_split(monkeypatch):

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from unimem.backends.jax import adapter as jax_backend
+from unimem.backends.jax import configure as jax_configure
 from unimem.backends.nvml import adapter as nvml_adapter
 from unimem.backends.nvml import _gate as nvml_gate
 
@@ -56,10 +56,10 @@ def test_a_second_call_that_pushes_the_shares_over_the_device_is_refused_and_cha
     unimem.configure(backend="torch", fraction=0.5)
     error = refused("fraction", backend="jax", fraction=0.8)
     assert "1.3" in str(error) and "torch 0.5" in str(error) and "earlier" in str(error)
-    assert jax_backend.fraction_variable() not in os.environ
+    assert jax_configure.fraction_variable() not in os.environ
     assert list(unimem.configuration()) == ["torch"]
     applied = unimem.configure(backend="jax", fraction=0.5)  # exactly the whole device: accepted
-    assert os.environ[jax_backend.fraction_variable()] == "0.5"
+    assert os.environ[jax_configure.fraction_variable()] == "0.5"
     assert applied.get("jax", "fraction")[0].replaced == ""
 
 
@@ -275,7 +275,7 @@ def test_configuration_reads_back_what_is_in_force():
     assert {a.setting for a in jax.actions} == {"fraction", "growth"}
     assert jax.phase == "not imported"
     text = str(config)
-    assert jax_backend.fraction_variable() in text
+    assert jax_configure.fraction_variable() in text
     assert "jax: not imported" in text
     data = json.loads(json.dumps(config.as_dict()))
     assert data["tensorflow"]["growth"] is True and data["jax"]["actions"][0]["backend"] == "jax"

@@ -8,23 +8,21 @@ phase and raises ``TooLateError`` instead of setting a variable nobody reads.
 from __future__ import annotations
 
 import gc
-import importlib.util
-import os
 import sys
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from unimem.backends.base import Backend, no_such_device
 from unimem.backends.jax import _runtime as runtime
-from unimem.backends.jax import diagnose
+from unimem.backends.jax import configure, diagnose
+from unimem.backends.jax.configure import ALLOCATOR, PREALLOCATE
 from unimem.backends.nvml import _gate as nvml_gate
-from unimem.backends.steps import STATUS_NO_DEVICE, Step, devices_step, env_step
+from unimem.backends.steps import Step, env_step
 from unimem.backends.topics import Counters, KeyValueStore, PrecisionHelpers, Profiler
 
 from unimem.config import Settings
-from unimem.errors import ConfigError, UnimemWarning
+from unimem.errors import UnimemWarning
 from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
@@ -32,50 +30,6 @@ if TYPE_CHECKING:
     from unimem.diagnose.live_objects import LiveMemory
 
 __all__ = ["JaxBackend"]
-
-PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
-ALLOCATOR = "XLA_PYTHON_CLIENT_ALLOCATOR"
-FRACTION_NEW = "XLA_CLIENT_MEM_FRACTION"
-FRACTION_OLD = "XLA_PYTHON_CLIENT_MEM_FRACTION"
-_ALLOCATOR_VALUES = {"default": None, "async": "cuda_async", "uncached": "platform"}
-_FIX = "set it before JAX's first operation (or jax.devices()), or restart the process"
-
-
-def fraction_variable() -> str:
-    """The memory-fraction variable the installed jaxlib reads.
-
-    jaxlib renamed XLA_PYTHON_CLIENT_MEM_FRACTION to XLA_CLIENT_MEM_FRACTION and
-    raises if both are set. Ask the installed jaxlib's own source, without importing it.
-    """
-    try:
-        spec = importlib.util.find_spec("jaxlib")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            source = Path(location) / "xla_client.py"
-            try:
-                if FRACTION_NEW in source.read_text(encoding="utf-8", errors="replace"):
-                    return FRACTION_NEW
-            except OSError:
-                continue
-    return FRACTION_OLD
-
-
-def _cuda_plugin_installed() -> bool:
-    """Whether this JAX can see an NVIDIA GPU at all (a CUDA PJRT plugin is installed)."""
-    for name in (
-        "jax_plugins.xla_cuda13",
-        "jax_plugins.xla_cuda12",
-        "jax_cuda13_plugin",
-        "jax_cuda12_plugin",
-    ):
-        try:
-            if importlib.util.find_spec(name) is not None:
-                return True
-        except (ImportError, ValueError):
-            continue
-    return False
 
 
 class JaxBackend(Backend):
@@ -216,72 +170,7 @@ class JaxBackend(Backend):
 
     # --- configuration --------------------------------------------------------
     def plan(self, settings: Settings) -> list[Step]:
-        phase = self.phase()
-        steps: list[Step] = []
-
-        def env(setting: str, value: object, var: str, new: str | None, note: str = "") -> Step:
-            return env_step("jax", setting, value, var, new, phase=phase, when=When.BEFORE_INIT, fix=_FIX, note=note)
-
-        if settings.devices is not None:
-            steps.append(devices_step("jax", settings.devices, phase=phase, when=When.BEFORE_INIT, fix=_FIX))
-        if settings.fraction is not None or settings.limit is not None:
-            steps.extend(self._plan_cap(settings, env))
-        if settings.growth is not None:
-            steps.append(env("growth", settings.growth, PREALLOCATE, "false" if settings.growth else "true"))
-        if settings.allocator is not None:
-            if settings.allocator == "expandable":
-                steps.append(
-                    Step(
-                        "jax",
-                        "allocator",
-                        "expandable",
-                        "none",
-                        ALLOCATOR,
-                        unsupported="XLA has no expandable-segments allocator; use 'async' or 'default'",
-                    )
-                )
-            else:
-                steps.append(env("allocator", settings.allocator, ALLOCATOR, _ALLOCATOR_VALUES[settings.allocator]))
-        return steps
-
-    def _plan_cap(self, settings: Settings, env: Any) -> list[Step]:
-        var = fraction_variable()
-        other = FRACTION_OLD if var == FRACTION_NEW else FRACTION_NEW
-        if settings.fraction is not None:
-            setting, value, fraction = "fraction", settings.fraction, settings.fraction
-            note = ""
-        else:
-            assert settings.limit is not None
-            setting, value = "limit", settings.limit
-            total = nvml_gate.device_figures(0)[0]
-            if total is None:
-                if not _cuda_plugin_installed():
-                    return [
-                        Step(
-                            "jax",
-                            "limit",
-                            value,
-                            "env",
-                            var,
-                            status=STATUS_NO_DEVICE,
-                            note="this JAX has no CUDA plugin: there is no GPU memory to cap",
-                        )
-                    ]
-                raise ConfigError(
-                    "limit",
-                    "JAX takes a cap only as a fraction of device memory and the device total is "
-                    f"unknown here ({nvml_gate.nvml_status()}); pass fraction= instead, "
-                    "or install nvidia-ml-py",
-                )
-            if settings.limit > total:
-                raise ConfigError("limit", f"{settings.limit} bytes is more than the device's {total} bytes")
-            fraction = settings.limit / total
-            note = f"{settings.limit} / {total} bytes (NVML device total)"
-        steps = [env(setting, value, var, f"{fraction:.6g}", note)]
-        if os.environ.get(other) is not None:
-            # Both names set makes newer jaxlib raise at backend start.
-            steps.append(env(setting, value, other, None, f"{other} is the other name for {var}"))
-        return steps
+        return configure.plan(settings, self.phase())
 
     # --- queries ----------------------------------------------------------------
     def _device(self, device: int) -> Any | None:
@@ -439,7 +328,9 @@ class JaxBackend(Backend):
         if not per_rank:
             return plan_pin(self, device, note)
         # The rank then sees one device, 0: jax.distributed.initialize must not ask for SLURM_LOCALID's.
-        ids = env_step("jax", "devices", [device], LOCAL_IDS, "0", phase=self.phase(), when=When.BEFORE_INIT, fix=_FIX)
+        ids = env_step(
+            "jax", "devices", [device], LOCAL_IDS, "0", phase=self.phase(), when=When.BEFORE_INIT, fix=configure.FIX
+        )
         return [*super().plan_pin(device, per_rank=True, note=note), ids]
 
     def distributed_store(self) -> KeyValueStore | None:

@@ -1,39 +1,26 @@
 """PyTorch adapter: the CUDA caching allocator.
 
-torch is imported only inside methods. Caps are deferred to CUDA's lazy init with
-``torch.cuda._lazy_call`` because ``set_per_process_memory_fraction`` would
-otherwise start CUDA itself (and fix the allocator settings) at configure time.
+torch is imported only inside methods; ``configure`` plans the settings (deferred to CUDA's
+lazy init where making them now would start CUDA).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import sys
-import threading
-import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from unimem.backends.base import Backend, no_such_device
 from unimem.backends.nvml import _gate as nvml_gate
 from unimem.backends.steps import (
-    STATUS_APPLIED,
-    STATUS_NO_DEVICE,
-    STATUS_PENDING,
-    STATUS_UNCHANGED,
     Step,
-    devices_step,
-    env_step,
-    merge_conf,
 )
 from unimem.backends.topics import Counters, KeyValueStore, PrecisionHelpers, Profiler
-from unimem.backends.torch import diagnose
+from unimem.backends.torch import configure, diagnose
 
 from unimem.config import Settings
-from unimem.errors import ConfigError
-from unimem.import_hooks import when_imported
 from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
@@ -41,34 +28,6 @@ if TYPE_CHECKING:
     from unimem.diagnose.live_objects import LiveMemory
 
 __all__ = ["TorchBackend"]
-
-# Left free when preallocating without a cap: cuBLAS/cuDNN handles and kernels
-# loaded later take device memory outside the caching allocator.
-_UNCAPPED_HEADROOM = 1 << 30
-# Kept out of a capped preallocation: requests under 1 MiB come from a separate
-# small pool of 2 MiB segments; with the cap full of one large block their first
-# cudaMalloc would fail and torch would free the whole preallocation to retry.
-_SMALL_POOL_HEADROOM = 64 << 20
-
-_CONF_ALLOCATOR: dict[str, dict[str, str | None]] = {
-    "default": {"backend": None, "expandable_segments": None},
-    "async": {"backend": "cudaMallocAsync", "expandable_segments": None},
-    "expandable": {"backend": None, "expandable_segments": "True"},
-    "uncached": {"backend": None, "expandable_segments": None},
-}
-_UNCACHED_VAR = "PYTORCH_NO_CUDA_MEMORY_CACHING"
-
-
-def _conf_var(version: str | None) -> str:
-    """torch 2.9 renamed PYTORCH_CUDA_ALLOC_CONF to PYTORCH_ALLOC_CONF (the old name
-    still works, with a deprecation warning)."""
-    if version is None:
-        return "PYTORCH_CUDA_ALLOC_CONF"
-    try:
-        major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
-    except ValueError:
-        return "PYTORCH_CUDA_ALLOC_CONF"
-    return "PYTORCH_ALLOC_CONF" if (major, minor) >= (2, 9) else "PYTORCH_CUDA_ALLOC_CONF"
 
 
 class TorchBackend(Backend):
@@ -114,7 +73,7 @@ class TorchBackend(Backend):
             "after CUDA init through torch.cuda.memory._set_allocator_settings (new segments only)",
         ),
         "allocator.uncached": Support(
-            Level.ENV, f"{_UNCACHED_VAR}=1", When.BEFORE_INIT, "every free is a cudaFree: slow, for debugging"
+            Level.ENV, f"{configure.UNCACHED_VAR}=1", When.BEFORE_INIT, "every free is a cudaFree: slow, for debugging"
         ),
         "devices": Support(Level.ENV, "CUDA_VISIBLE_DEVICES", When.BEFORE_INIT),
         "stats.allocated": Support(Level.NATIVE, "torch.cuda.memory_stats: allocated_bytes.all.current"),
@@ -214,14 +173,9 @@ class TorchBackend(Backend):
     }
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        # What to do at CUDA init, for settings made before it: read when the hook fires.
-        self._at_init: dict[str, Any] = {}
+        self.at_init = configure.AtCudaInit()  # settings made before CUDA starts, and the rank's pin
         self._properties: dict[int, Any] = {}
         self._uuids: dict[int, str | None] = {}
-        # The rank's own device once pinned: caps and preallocation touch it alone, since a
-        # call on another device starts a CUDA context there.
-        self.pinned: int | None = None
 
     # --- phase ----------------------------------------------------------------
     def phase(self) -> Phase:
@@ -233,286 +187,9 @@ class TorchBackend(Backend):
             return Phase.INITIALIZED
         return Phase.IMPORTED
 
-    def _cuda_available(self) -> bool | None:
-        """None while torch is not imported: unknown without importing it."""
-        torch = sys.modules.get("torch")
-        if torch is None or getattr(torch, "cuda", None) is None:
-            return None
-        return bool(torch.cuda.is_available())
-
     # --- configuration ------------------------------------------------------------
     def plan(self, settings: Settings) -> list[Step]:
-        phase = self.phase()
-        steps: list[Step] = []
-        if settings.devices is not None:
-            steps.append(
-                devices_step(
-                    "torch",
-                    settings.devices,
-                    phase=phase,
-                    when=When.BEFORE_INIT,
-                    fix="set devices before the first CUDA call, or restart the process",
-                )
-            )
-        if settings.allocator is not None:
-            steps.extend(self._plan_allocator(settings.allocator, phase))
-        if settings.fraction is not None or settings.limit is not None:
-            steps.append(self._plan_cap(settings, phase))
-        if settings.growth is not None:
-            steps.append(self._plan_growth(settings.growth, phase))
-        return steps
-
-    def _plan_allocator(self, allocator: str, phase: Phase) -> list[Step]:
-        var = _conf_var(self.version())
-        if phase is Phase.INITIALIZED:
-            return [self._allocator_after_init(allocator, var)]
-        if phase is Phase.IMPORTED:
-            fixed = self._backend_fixed_at_import(allocator, var)
-            if fixed is not None:
-                return [fixed]
-        # A user's own variable wins where torch reads both names (the legacy one does in
-        # torch 2.13: tests/test_backend_torch.py), so unimem writes into whichever is set.
-        present = [name for name in (var, "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF") if name in os.environ]
-        targets = list(dict.fromkeys(present)) or [var]
-        fix = "configure the allocator before the first CUDA call"
-        steps = [
-            env_step(
-                "torch",
-                "allocator",
-                allocator,
-                name,
-                merge_conf(os.environ.get(name), _CONF_ALLOCATOR[allocator]) or None,
-                phase=phase,
-                when=When.BEFORE_INIT,
-                fix=fix,
-            )
-            for name in targets
-        ]
-        uncached_value = "1" if allocator == "uncached" else None
-        if os.environ.get(_UNCACHED_VAR) != uncached_value:
-            steps.append(
-                env_step(
-                    "torch",
-                    "allocator",
-                    allocator,
-                    _UNCACHED_VAR,
-                    uncached_value,
-                    phase=phase,
-                    when=When.BEFORE_INIT,
-                    fix=fix,
-                )
-            )
-        return steps
-
-    def _allocator_after_init(self, allocator: str, var: str) -> Step:
-        """The allocator once CUDA runs: unchanged, expandable segments switched for new
-        segments, or too late (the backend and the uncached switch are read at init)."""
-        torch = sys.modules["torch"]
-        backend = torch.cuda.get_allocator_backend()
-        uncached = os.environ.get(_UNCACHED_VAR) == "1"
-        if allocator == "async" and backend == "cudaMallocAsync":
-            target = f"{var}=backend:cudaMallocAsync"
-            return Step("torch", "allocator", allocator, "env", target, status=STATUS_UNCHANGED)
-        if allocator == "uncached" and uncached:
-            return Step("torch", "allocator", allocator, "env", f"{_UNCACHED_VAR}=1", status=STATUS_UNCHANGED)
-        if allocator not in ("async", "uncached") and backend == "native" and not uncached:
-            # expandable_segments can be switched for segments made from now on.
-            value = "True" if allocator == "expandable" else "False"
-            # torch 2.11 deprecates torch.cuda.memory._set_allocator_settings with a
-            # FutureWarning that names this call as its replacement.
-            setter = getattr(getattr(torch, "_C", None), "_accelerator_setAllocatorSettings", None)
-            name = "torch._C._accelerator_setAllocatorSettings"
-            if setter is None:
-                setter = torch.cuda.memory._set_allocator_settings
-                name = "torch.cuda.memory._set_allocator_settings"
-
-            def run() -> None:
-                setter(f"expandable_segments:{value}")
-
-            call = f"{name}('expandable_segments:{value}')"
-            note = "applies to segments allocated from now on"
-            return Step("torch", "allocator", allocator, "api", call, run=run, note=note)
-        too_late = (
-            f"CUDA is already initialised with the {'uncached' if uncached else backend} allocator, "
-            "which cannot change in a running process; configure the allocator before the first "
-            "CUDA call, or start the script with `unimem run --allocator ...`"
-        )
-        return Step("torch", "allocator", allocator, "env", var, too_late=too_late)
-
-    def _backend_fixed_at_import(self, allocator: str, var: str) -> Step | None:
-        """torch picks its allocator backend (native or cudaMallocAsync) when it is imported;
-        the other allocator keys are read at CUDA init. A backend set after the import makes
-        the first CUDA call fail ("Allocator backend parsed at runtime != allocator backend
-        parsed at load time"; the GPU suite's allocator test shows it)."""
-        torch = sys.modules["torch"]
-        try:
-            loaded = torch.cuda.get_allocator_backend()  # names the import-time choice; starts no CUDA
-        except (AttributeError, RuntimeError):  # a CPU-only build has no CUDA allocator
-            return None
-        wanted = "cudaMallocAsync" if allocator == "async" else "native"
-        if loaded == wanted:
-            return None
-        return Step(
-            "torch",
-            "allocator",
-            allocator,
-            "env",
-            var,
-            too_late=(
-                f"torch chose its {loaded} allocator backend when it was imported and does not read it again; "
-                f"configure allocator={allocator!r} before `import torch`, or start the script with "
-                "`unimem run --allocator ...`"
-            ),
-            when=When.BEFORE_IMPORT,
-        )
-
-    def _allowance_fraction(self, settings: Settings, total: int) -> float:
-        if settings.fraction is not None:
-            return settings.fraction
-        assert settings.limit is not None
-        if settings.limit > total:
-            raise ConfigError(
-                "limit",
-                f"{settings.limit} bytes is more than the device's {total} bytes; pass a smaller limit",
-            )
-        return settings.limit / total
-
-    def _plan_cap(self, settings: Settings, phase: Phase) -> Step:
-        setting = "fraction" if settings.fraction is not None else "limit"
-        value = settings.fraction if settings.fraction is not None else settings.limit
-        if phase is Phase.INITIALIZED:
-            torch = sys.modules["torch"]
-            count = torch.cuda.device_count()
-            fractions = {}
-            for device in range(count):
-                total = self._props(device).total_memory
-                fractions[device] = self._allowance_fraction(settings, total)
-            current = {d: torch.cuda.get_per_process_memory_fraction(d) for d in range(count)}
-            call = ", ".join(
-                f"torch.cuda.set_per_process_memory_fraction({f:.6g}, device={d})" for d, f in fractions.items()
-            )
-            if all(abs(current[d] - f) < 1e-9 for d, f in fractions.items()):
-                return Step("torch", setting, value, "api", call, status=STATUS_UNCHANGED)
-
-            def run_now() -> None:
-                for device, fraction in fractions.items():
-                    torch.cuda.set_per_process_memory_fraction(fraction, device)
-
-            return Step("torch", setting, value, "api", call, run=run_now)
-
-        if self._cuda_available() is False:
-            return Step(
-                "torch",
-                setting,
-                value,
-                "api",
-                "torch.cuda.set_per_process_memory_fraction",
-                status=STATUS_NO_DEVICE,
-                note="torch sees no CUDA device here: there is no GPU memory to cap",
-            )
-        if settings.limit is not None:
-            # Check against the device now when NVML can tell, so a bad limit fails
-            # at configure time rather than at the first CUDA call.
-            total = nvml_gate.device_figures(0)[0]
-            if total is not None:
-                self._allowance_fraction(settings, total)
-
-        def run_later() -> None:
-            with self._lock:
-                self._at_init["cap"] = settings
-            self._register_init_hook()
-
-        target = (
-            f"torch.cuda.set_per_process_memory_fraction({settings.fraction})"
-            if settings.fraction is not None
-            else f"torch.cuda.set_per_process_memory_fraction({settings.limit} / total_memory)"
-        )
-        return Step("torch", setting, value, "hook", target + " at CUDA init", run=run_later, status=STATUS_PENDING)
-
-    def _plan_growth(self, growth: bool, phase: Phase) -> Step:
-        if growth:
-
-            def cancel() -> None:
-                with self._lock:
-                    self._at_init.pop("preallocate", None)
-
-            return Step(
-                "torch",
-                "growth",
-                True,
-                "none",
-                "(torch default)",
-                run=cancel,
-                status=STATUS_APPLIED,
-                note="torch's caching allocator allocates on demand; nothing to change",
-            )
-        if phase is Phase.INITIALIZED:
-            torch = sys.modules["torch"]
-
-            def run_now() -> None:
-                for device in range(torch.cuda.device_count()):
-                    self._preallocate(torch, device)
-
-            return Step("torch", "growth", False, "api", "torch.empty(allowance) freed into the cache", run=run_now)
-        if self._cuda_available() is False:
-            return Step(
-                "torch",
-                "growth",
-                False,
-                "api",
-                "torch.empty(allowance)",
-                status=STATUS_NO_DEVICE,
-                note="torch sees no CUDA device here: nothing to preallocate",
-            )
-
-        def run_later() -> None:
-            with self._lock:
-                self._at_init["preallocate"] = True
-            self._register_init_hook()
-
-        return Step(
-            "torch",
-            "growth",
-            False,
-            "hook",
-            "torch.empty(allowance) freed into the cache at CUDA init",
-            run=run_later,
-            status=STATUS_PENDING,
-        )
-
-    def _register_init_hook(self) -> None:
-        def on_import(torch: types.ModuleType) -> None:
-            torch.cuda._lazy_call(self._on_cuda_init)
-
-        when_imported("torch", on_import, key="unimem.torch.at_init")
-
-    def _on_cuda_init(self) -> None:
-        """Runs inside torch's lazy CUDA init: the pin first, then on every visible device (the pinned one alone)."""
-        torch = sys.modules["torch"]
-        with self._lock:
-            pending = dict(self._at_init)
-            self._at_init.clear()
-        if pending.get("pin") is not None:
-            torch.cuda.set_device(pending["pin"])
-        cap: Settings | None = pending.get("cap")
-        for device in range(torch.cuda.device_count()) if self.pinned is None else [self.pinned]:
-            if cap is not None:
-                total = torch.cuda.get_device_properties(device).total_memory
-                fraction = self._allowance_fraction(cap, total)
-                torch.cuda.set_per_process_memory_fraction(fraction, device)
-            if pending.get("preallocate"):
-                self._preallocate(torch, device)
-
-    def _preallocate(self, torch: Any, device: int) -> None:
-        free, total = torch.cuda.mem_get_info(device)
-        fraction = torch.cuda.get_per_process_memory_fraction(device)
-        reserved = torch.cuda.memory_reserved(device)
-        size = int(total * fraction) - reserved - _SMALL_POOL_HEADROOM if fraction < 1.0 else free - _UNCAPPED_HEADROOM
-        size = min(size, free - _SMALL_POOL_HEADROOM)
-        if size <= 0:
-            return
-        block = torch.empty(size, dtype=torch.uint8, device=f"cuda:{device}")
-        del block  # back to the cache, not to the device: that is the preallocation
+        return configure.plan(settings, self.phase(), self.version(), self.at_init)
 
     def _props(self, device: int) -> Any:
         props = self._properties.get(device)
@@ -531,10 +208,7 @@ class TorchBackend(Backend):
 
     def pin_at_init(self, device: int) -> None:
         """Make ``device`` this process's own at CUDA init (before any tensor)."""
-        with self._lock:
-            self.pinned = device
-            self._at_init["pin"] = device
-        self._register_init_hook()
+        self.at_init.pin(device)
 
     def distributed_store(self) -> KeyValueStore | None:
         from .distributed import store

@@ -45,7 +45,7 @@ def plan_pin(adapter: TorchBackend, device: int, note: str) -> list[Step]:
             return [Step("torch", "pin", device, "api", target, status=STATUS_UNCHANGED, note=note)]
 
         def run_now() -> None:
-            adapter.pinned = device
+            adapter.at_init.pinned = device
             torch.cuda.set_device(device)
 
         late = (

@@ -14,13 +14,14 @@ import warnings
 
 import pytest
 from unimem.backends.jax import adapter as jax_backend
+from unimem.backends.jax import configure as jax_configure
 
 import unimem
 from unimem.import_hooks import pending_hooks
 from unimem.testing import BackendContract
 
-FRACTION_VAR = jax_backend.fraction_variable()
-OTHER_FRACTION_VAR = jax_backend.FRACTION_OLD if FRACTION_VAR == jax_backend.FRACTION_NEW else jax_backend.FRACTION_NEW
+FRACTION_VAR = jax_configure.fraction_variable()
+OTHER_FRACTION_VAR = jax_configure.FRACTION_OLD if FRACTION_VAR == jax_configure.FRACTION_NEW else jax_configure.FRACTION_NEW
 
 
 class TestJaxContract(BackendContract):
@@ -156,7 +157,7 @@ def test_expandable_allocator_is_unsupported():
 
 @pytest.mark.covers("jax:limit")
 def test_limit_without_nvml_on_a_cpu_jax_is_skipped_with_a_note():
-    assert not jax_backend._cuda_plugin_installed(), "this test describes a JAX without a CUDA plugin"
+    assert not jax_configure._cuda_plugin_installed(), "this test describes a JAX without a CUDA plugin"
     before = dict(os.environ)
     with pytest.warns(unimem.UnimemWarning, match="limit"):
         applied = unimem.configure(backend="jax", limit="2GiB")

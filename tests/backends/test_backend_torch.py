@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from unimem.backends.torch import adapter as torch_backend
+from unimem.backends.torch import configure as torch_configure
 
 import unimem
 from unimem import registry
@@ -26,7 +27,7 @@ from unimem.import_hooks import _finder, pending_hooks
 from unimem.support import Phase
 from unimem.testing import BackendContract
 
-CONF_VAR = torch_backend._conf_var(torch_backend.TorchBackend().version())
+CONF_VAR = torch_configure.conf_var(torch_backend.TorchBackend().version())
 
 
 @pytest.fixture(autouse=True)
@@ -194,7 +195,7 @@ def test_growth_is_torchs_default_and_cancels_a_pending_preallocation():
     applied = unimem.configure(backend="torch", growth=True)
     [action] = applied.get("torch", "growth")
     assert (action.method, action.status) == ("none", "applied")
-    assert "preallocate" not in adapter._at_init
+    assert "preallocate" not in adapter.at_init.pending
 
 
 @pytest.mark.parametrize(
@@ -210,7 +211,7 @@ def test_growth_is_torchs_default_and_cancels_a_pending_preallocation():
     ],
 )
 def test_allocator_conf_variable_follows_the_rename(version, var):
-    assert torch_backend._conf_var(version) == var
+    assert torch_configure.conf_var(version) == var
 
 
 # --- real torch in a fresh process --------------------------------------------------
@@ -264,7 +265,7 @@ def test_cap_hook_lands_in_torchs_cuda_init_queue_and_is_skipped_without_cuda(py
         import torch
         adapter = registry.get_backend("torch")
         R["hooks_left"] = pending_hooks("torch")
-        R["queued"] = sum(1 for fn, _ in torch.cuda._queued_calls if fn == adapter._on_cuda_init)
+        R["queued"] = sum(1 for fn, _ in torch.cuda._queued_calls if fn == adapter.at_init._on_cuda_init)
         R["cuda_initialized"] = torch.cuda.is_initialized()
         R["works"] = float((torch.ones(3) * 2).sum())
         for kwargs in ({"fraction": 0.5}, {"limit": "3GiB"}, {"growth": False}):

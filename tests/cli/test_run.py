@@ -69,7 +69,7 @@ def test_torch_cap_is_made_by_the_startup_hook_at_cuda_init(tmp_path: Path) -> N
         backend = sys.modules["unimem"].api.registry.get_backend("torch")
         print("RESULT " + json.dumps({
             "queued": "_on_cuda_init" in queued,
-            "cap": backend._at_init["cap"].fraction,
+            "cap": backend.at_init.pending["cap"].fraction,
             "allocator_conf": __import__("os").environ.get("PYTORCH_ALLOC_CONF"),
         }))
         """,
