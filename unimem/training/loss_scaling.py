@@ -1,27 +1,8 @@
-"""Dynamic loss scaling with one surface for torch, TensorFlow and JAX.
+"""Dynamic loss scaling with one surface for every framework: the rule, the numbers, the interface.
 
-fp16 has 5 exponent bits: small gradients flush to zero. Multiplying the loss by a
-large factor before the backward pass keeps them representable; dividing the
-gradients by it afterwards restores their size. When the factor is too large the
-gradients overflow: the step is skipped and the factor shrinks. After
-``growth_interval`` good steps in a row it grows again. These are the semantics of
-``torch.amp.GradScaler`` and Keras' ``LossScaleOptimizer``; every backend here keeps
-them exactly, so one training loop serves all three::
-
-    scaler = policy.loss_scaler()
-    grads = gradient_of(scaler.scale(loss))
-    grads, finite = scaler.unscale(grads)
-    if finite:
-        apply(grads)
-    scaler.update(finite)
-
-Each framework's scaler also offers the step its users expect (``LossScaler.step``,
-``LossScaler.wrap``): torch ``scaler.step(optimizer)`` (``torch.amp.GradScaler``),
-Keras ``scaler.wrap(optimizer)`` (``LossScaleOptimizer``), JAX ``scaler.step(grads)``
-returning the next scaler from a jitted step.
-
-This module is framework-free: the framework-specific scalers live in
-``unimem.backends.<framework>.precision`` and subclass ``LossScaler``.
+This module is framework-free: each framework's scaler lives in ``unimem.backends.<framework>.precision``
+and subclasses ``LossScaler``, keeping ``next_scale``'s semantics (those of ``torch.amp.GradScaler``).
+Why and how the scale moves, and each framework's loop: docs/guides/mixed-precision.md#the-loss-scale.
 """
 
 from __future__ import annotations
@@ -93,33 +74,9 @@ def next_scale(config: ScalerConfig, scale: float, good_steps: int, finite: bool
 class LossScaler(ABC):
     """The uniform loss-scaling surface; ``policy.loss_scaler()`` returns one.
 
-    ``finite`` is a Python ``bool`` when run eagerly. Inside ``jax.jit`` or
-    ``tf.function`` it is the framework's boolean scalar (a Python ``if`` cannot
-    branch on a traced value there: use ``jnp.where`` / ``lax.cond``, or let
-    AutoGraph turn the ``if`` into ``tf.cond``).
-
-    An overflow multiplies the scale by ``backoff_factor`` and skips the step;
-    ``growth_interval`` finite steps in a row multiply it by ``growth_factor``. Each
-    framework's scaler (in ``unimem.backends.<framework>.precision``) subclasses this
-    one and keeps exactly these semantics, so one training loop serves all of them.
-
-    Besides that loop, each scaler offers the step its framework's users expect:
-    torch ``step(optimizer)`` then ``update()`` (it wraps ``torch.amp.GradScaler``);
-    Keras ``wrap(optimizer)`` (``LossScaleOptimizer``, for ``model.fit``); JAX
-    ``step(grads)``, which returns the next scaler for a jitted step to return.
-
-    Gradient accumulation: scale every micro-batch's loss with the same scale, and
-    unscale once per optimizer step (one ``unscale``, ``step`` or ``wrap``-ed
-    ``apply`` after the last micro-batch), then ``update`` once. Unscaling per
-    micro-batch would divide the gradients already summed again.
-
-    Data parallelism: every rank must skip the same steps, so the overflow flag is
-    agreed across ranks before a step is skipped or taken. torch: under
-    ``torch.distributed`` (initialised before the scaler's first use) ``step`` uses
-    ``ShardedGradScaler`` and ``unscale`` all-reduces the flag (max); JAX: ``jit`` over
-    sharded arrays reduces globally, and inside ``shard_map``/``pmap`` pass
-    ``step(grads, axis_name=...)``; Keras: ``wrap``, whose optimizer checks gradients
-    after they are all-reduced.
+    One loop serves every framework (below); each also has its own step: torch ``step(optimizer)``, Keras
+    ``wrap(optimizer)``, JAX ``step(grads)``. Traced code, gradient accumulation and data parallelism:
+    [Mixed precision](../guides/mixed-precision.md#one-loop-for-all-three).
 
     Attributes:
         config (ScalerConfig): The four numbers: ``initial_scale``, ``growth_factor``,
@@ -191,23 +148,20 @@ class LossScaler(ABC):
         """
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
-        """The framework's own loss-scaled step, where it has one.
+        """The framework's own loss-scaled step, where it has one (torch, JAX).
 
-        torch: ``step(optimizer)``, as ``torch.amp.GradScaler.step``: unscales the
-        optimizer's gradients in place, once, and calls ``optimizer.step()`` unless one
-        is inf or nan; call ``update()`` after it. JAX: ``step(grads)`` returns
-        ``(grads / scale, finite, next_scaler)`` and leaves this scaler as it was.
+        torch: ``step(optimizer)`` unscales ``p.grad`` in place once and steps unless a gradient is inf or nan;
+        call ``update()`` after it. JAX: ``step(grads)`` returns ``(grads / scale, finite, next_scaler)``.
 
         Args:
-            *args: What the framework's step takes (see above).
-            **kwargs: What the framework's step takes (see above).
+            *args: torch: the optimizer; JAX: the gradients.
+            **kwargs: JAX: ``axis_name=`` to agree on ``finite`` over a ``shard_map``/``pmap`` axis.
 
         Returns:
-            What the framework's step returns (see above).
+            torch: what ``optimizer.step()`` returned (None when skipped); JAX: the triple above.
 
         Raises:
-            UnsupportedFeature: This framework's scaler has no step of its own (Keras:
-                use ``wrap(optimizer)``, or ``scale``/``unscale``/``update``).
+            UnsupportedFeature: This framework's scaler has no step (Keras: use ``wrap(optimizer)``).
         """
         raise UnsupportedFeature(
             self.backend,
@@ -216,23 +170,17 @@ class LossScaler(ABC):
         )
 
     def wrap(self, optimizer: Any) -> Any:
-        """An optimizer that scales the loss itself, where the framework has one.
-
-        Keras: ``keras.optimizers.LossScaleOptimizer`` with this scaler's initial scale
-        and growth interval (``model.fit`` then scales, unscales and skips); a disabled
-        scaler returns ``optimizer`` itself.
+        """An optimizer that scales the loss itself, where the framework has one (Keras: ``LossScaleOptimizer``).
 
         Args:
             optimizer: The framework's optimizer.
 
         Returns:
-            The wrapping optimizer, or ``optimizer`` when the scaler is disabled.
+            The wrapping optimizer (``model.fit`` then scales, unscales and skips), or ``optimizer`` when disabled.
 
         Raises:
-            UnsupportedFeature: The framework has no such optimizer (torch: use
-                ``step(optimizer)``; JAX: ``step(grads)``).
-            ConfigError: The framework's optimizer cannot take this scaler's numbers
-                (Keras' growth and backoff factors are fixed at 2 and 0.5).
+            UnsupportedFeature: The framework has none (torch: use ``step(optimizer)``; JAX: ``step(grads)``).
+            ConfigError: The scaler's growth or backoff factor is not Keras's fixed 2 or 0.5.
         """
         raise UnsupportedFeature(
             self.backend,
@@ -248,12 +196,7 @@ class LossScaler(ABC):
 
 
 class NoLossScaling(LossScaler):
-    """The scaler of bf16 and fp32: scale 1, nothing scaled, no step ever skipped.
-
-    ``unscale`` returns the gradients untouched and ``finite=True`` without looking
-    at them (looking would cost a device sync per step for nothing), as
-    ``torch.amp.GradScaler(enabled=False)`` does.
-    """
+    """The scaler of bf16 and fp32: scale 1, nothing scaled, no step skipped, no gradient looked at."""
 
     @property
     def enabled(self) -> bool:

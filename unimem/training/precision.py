@@ -1,21 +1,8 @@
-"""Mixed precision: one policy, three frameworks.
+"""Mixed precision: one policy for every framework, made and switched on through its adapter.
 
-``mixed_precision("bf16")`` returns a ``Policy``: which dtype computations run in,
-which the parameters are kept in, which outputs (the loss) come back in, and whether
-the loss is scaled. Turning it on is framework-specific: each framework's adapter
-returns its helpers from ``precision()`` (``unimem.backends.<framework>.precision``,
-imported only when that framework is used), each with the same function names:
-
-- torch: ``torch.autocast`` for the device in use (CUDA if available, else CPU);
-- tensorflow: the Keras global dtype policy (``mixed_bfloat16`` / ``mixed_float16``);
-- jax: no global state exists, so the policy casts pytrees (``cast_to_compute``,
-  ``cast_to_param``, ``cast_to_output``).
-
-Parameters (and so gradients and optimizer state) always stay float32: that is the
-"mixed" in mixed precision, and it keeps small updates from rounding away. What gets
-smaller is the activations kept for the backward pass; how much that saves depends on
-their share of the step's memory (benchmarks/bench_precision.py measures it). Loss
-scaling is on for fp16 only: bf16 has float32's exponent range and does not underflow.
+Each framework's helpers (``unimem.backends.<framework>.precision``, the same function names in
+each) do the framework's part; this module keeps the policy stack and the rules. What each
+framework turns on, and why parameters stay float32: docs/guides/mixed-precision.md.
 """
 
 from __future__ import annotations
@@ -125,28 +112,12 @@ def enabled_backends() -> list[str]:
 class Policy:
     """A mixed-precision policy for one framework; ``unimem.mixed_precision()`` makes one.
 
-    ``compute_dtype`` / ``param_dtype`` / ``output_dtype`` are dtype names
-    (``"bfloat16"``); ``dtype("compute")`` gives the framework's dtype object.
-    ``enable()`` (or ``with policy:``) turns it on; ``disable()`` restores exactly what
-    was in force before. ``loss_scaler()`` gives the uniform loss scaler (a no-op with
-    scale 1 unless ``loss_scaling``).
-
-    Policies nest. ``with policy:`` while the same policy is already in force (after
-    ``enable()``, or in an outer ``with``) keeps it on when the block ends; another
-    policy entered inside this one restores this one when it ends. Turn the innermost
-    off first: ending an outer one while an inner one is still on is refused.
+    ``enable()`` or ``with policy:`` turns it on, ``disable()`` restores what was before; policies
+    nest. Each framework's loop, nesting and threads: [Mixed precision](../guides/mixed-precision.md).
 
     Attributes:
         backend (str): The framework the policy is for.
         device (str): Where computations run: ``"cuda"``, ``"cpu"``, ``"gpu"``, ...
-
-    Example:
-        ```python
-        policy = unimem.mixed_precision("fp16", backend="jax")
-        scaler = policy.loss_scaler()
-        params = policy.cast_to_param(params)
-        logits = policy.cast_to_output(model(policy.cast_to_compute(params), batch))
-        ```
     """
 
     def __init__(
@@ -210,8 +181,7 @@ class Policy:
 
     # --- casting (the whole policy in JAX; explicit control in torch and TF) --------
     def cast_to_compute(self, tree: Any) -> Any:
-        """Floating-point leaves of ``tree`` (arrays, tensors, nested lists/tuples/dicts)
-        in the compute dtype; integer and boolean leaves (labels, masks) untouched.
+        """Floating-point leaves of ``tree`` in the compute dtype; integer and boolean leaves untouched.
 
         Args:
             tree: An array or tensor, or any nesting of lists, tuples and dicts of them.
@@ -233,8 +203,7 @@ class Policy:
         return self._helpers.cast(tree, self.param_dtype)
 
     def cast_to_output(self, tree: Any) -> Any:
-        """Floating-point leaves of ``tree`` in the output dtype (float32): cast model
-        outputs to it before computing a loss.
+        """Floating-point leaves of ``tree`` in the output dtype (float32): model outputs, before the loss.
 
         Args:
             tree: An array or tensor, or any nesting of lists, tuples and dicts of them.
@@ -246,12 +215,10 @@ class Policy:
 
     # --- on and off --------------------------------------------------------------------
     def enable(self) -> Policy:
-        """Turn the policy on (no-op if ``enable()`` already did). Returns the policy.
+        """Turn the policy on (no-op if ``enable()`` already did).
 
-        torch: enters ``torch.autocast`` in this thread (autocast state is per thread);
-        tensorflow: sets the Keras global dtype policy, which layers built afterwards
-        take (build the model after this); jax: marks it active (JAX has no global
-        precision state).
+        torch: autocast in this thread; TensorFlow: layers built afterwards take it; JAX: the casts
+        do the work ([On and off](../guides/mixed-precision.md#details)).
 
         Returns:
             The policy itself.
@@ -262,14 +229,11 @@ class Policy:
         return self
 
     def disable(self) -> None:
-        """Undo ``enable()``: restore what was in force before it, unless an open ``with``
-        block of this policy still keeps it on (no-op if not enabled).
+        """Undo ``enable()``: restore what was before, unless an open ``with`` block keeps it on.
 
         Raises:
-            UnimemError: Another policy for the same framework was turned on after this
-                one and is still on (policies nest: turn that one off first); or the
-                framework's precision state is per thread (torch) and this is not the
-                thread that enabled it. Nothing is changed.
+            UnimemError: A policy turned on after this one is still on, or (torch) this is not the
+                thread that enabled it; nothing is changed.
         """
         with _lock:
             frame = self._enabled_frame
@@ -334,44 +298,23 @@ class Policy:
         *,
         enabled: bool | None = None,
     ) -> LossScaler:
-        """The uniform dynamic loss scaler (see ``unimem.training.loss_scaling``).
+        """The dynamic loss scaler: on under fp16, a no-op with scale 1 under bf16 and fp32.
 
-        On for fp16; for bf16 and fp32 a no-op with scale 1. ``enabled=True`` scales
-        under any precision, ``enabled=False`` never. The semantics are those of
-        ``torch.amp.GradScaler`` and Keras' ``LossScaleOptimizer``.
+        How the scale moves, and each framework's loop: [The loss scale](../guides/mixed-precision.md#the-loss-scale).
 
         Args:
             initial_scale: The scale to start at (default ``2**15``), more than 0.
-            growth_factor: What the scale is multiplied by after ``growth_interval``
-                finite steps in a row (default 2), more than 1.
-            backoff_factor: What the scale is multiplied by after a step whose gradients
-                overflowed (default 0.5), between 0 and 1.
+            growth_factor: The scale's factor after ``growth_interval`` finite steps in a row (default 2), more than 1.
+            backoff_factor: The scale's factor after a step that overflowed (default 0.5), between 0 and 1.
             growth_interval: Finite steps in a row before the scale grows (default 2000).
             enabled: None (default): scale under fp16 only; True: always; False: never.
 
         Returns:
-            The framework's scaler, with ``scale``, ``unscale`` and ``update``, and its
-            framework's own step: torch ``step(optimizer)`` (it wraps
-            ``torch.amp.GradScaler``), Keras ``wrap(optimizer)``, JAX ``step(grads)``.
+            The framework's scaler: ``scale``, ``unscale``, ``update``, and torch's ``step``, Keras's ``wrap``
+            or JAX's ``step``.
 
         Raises:
-            ConfigError: A number is out of range or not a number (the error names it),
-                or ``enabled`` is not True, False or None.
-
-        Example:
-            ```python
-            scaler = policy.loss_scaler()
-            grads = gradient_of(scaler.scale(loss))
-            grads, finite = scaler.unscale(grads)
-            if finite:
-                apply(grads)
-            scaler.update(finite)
-
-            # torch, as with torch.amp.GradScaler:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)  # unscales p.grad in place once; skipped on inf/nan
-            scaler.update()
-            ```
+            ConfigError: A number is out of range or not a number (the error names it), or ``enabled`` is not a bool.
         """
         config = ScalerConfig.build(initial_scale, growth_factor, backoff_factor, growth_interval)
         if enabled is not None and not isinstance(enabled, bool):
@@ -380,9 +323,9 @@ class Policy:
         return scaler
 
     def wrap_optimizer(self, optimizer: Any, *, initial_scale: float = 2.0**15, growth_interval: int = 2000) -> Any:
-        """Keras only: under fp16 ``keras.optimizers.LossScaleOptimizer(optimizer, ...)``,
-        which scales inside ``model.fit``; otherwise ``optimizer`` itself. The same as
-        ``policy.loss_scaler(...).wrap(optimizer)``.
+        """Keras only: under fp16 a ``LossScaleOptimizer`` around ``optimizer``, else ``optimizer`` itself.
+
+        The same as ``policy.loss_scaler(...).wrap(optimizer)``.
 
         Args:
             optimizer: A Keras optimizer.
@@ -393,8 +336,7 @@ class Policy:
             The wrapped optimizer under fp16; ``optimizer`` unchanged otherwise.
 
         Raises:
-            UnsupportedFeature: The framework has no optimizer that scales the loss
-                itself (torch, JAX): use ``policy.loss_scaler()`` in the training loop.
+            UnsupportedFeature: torch, JAX: no optimizer scales the loss itself; use ``policy.loss_scaler()``.
             ConfigError: ``initial_scale`` or ``growth_interval`` is out of range.
         """
         wrap = getattr(self._helpers, "wrap_optimizer", None)
@@ -417,38 +359,23 @@ class Policy:
 
 
 def mixed_precision(precision: str, backend: str | None = None) -> Policy:
-    """A mixed-precision policy (``"bf16"``, ``"fp16"`` or ``"fp32"``) for ``backend``.
+    """A mixed-precision policy (``"bf16"``, ``"fp16"`` or ``"fp32"``) for ``backend``, not yet switched on.
 
-    ``backend=None`` takes the one framework configured or imported. Nothing is
-    switched on until ``policy.enable()`` or ``with policy:``. A precision the device
-    cannot run (bf16 on a GPU before compute capability 8.0, fp16 where the framework
-    refuses it) is a ``ConfigError`` naming ``precision`` and the reason.
-
-    Imports the framework (it has to ask it what the device can do); on torch it
-    does not start CUDA when NVML can answer, so ``configure()`` may still follow.
-
-    Parameters (and so gradients and optimizer state) always stay float32; loss scaling
-    is on for fp16 only (bf16 has float32's exponent range and does not underflow).
+    Parameters stay float32; the loss is scaled under fp16 only. Each framework's loop, and what
+    the device must support: [Mixed precision](../guides/mixed-precision.md).
 
     Args:
-        precision: ``"bf16"``, ``"fp16"`` or ``"fp32"``; the dtype names ``"bfloat16"``,
-            ``"float16"``/``"half"`` and ``"float32"``/``"float"`` say the same.
-        backend: A framework name or alias, or None (default): the framework named to
-            ``configure()``, else the one imported (not counting one another imported
-            module brought in itself).
+        precision: ``"bf16"``, ``"fp16"`` or ``"fp32"`` (or ``"bfloat16"``, ``"float16"``, ``"float32"``).
+        backend: A framework name or alias, or None (default): the one configured, else the one imported.
 
     Returns:
         The policy, not yet enabled.
 
     Raises:
-        ConfigError: ``precision`` is unknown, or the device cannot run it (the message
-            says why); ``backend`` is unknown; or, with ``backend=None``, no framework is
-            configured or imported yet, or several are: pass ``backend=``.
-        UnsupportedFeature: The backend runs no computation (``"nvml"``) or its
-            capability table says it has no such policy; the message lists the backends
+        ConfigError: ``precision`` is unknown or the device cannot run it, or ``backend`` is unknown or undecided.
+        UnsupportedFeature: The backend has no mixed-precision policy (``"nvml"``, CuPy); the message lists those
             that do.
-        BackendUnavailable: The framework is not installed; the message says what to
-            install.
+        BackendUnavailable: The framework is not installed; the message says what to install.
 
     Example:
         ```python
@@ -469,7 +396,7 @@ def mixed_precision(precision: str, backend: str | None = None) -> Policy:
             note = support.note if support is not None else "no capability entry"
             raise UnsupportedFeature(name, chosen.feature, f"{note}; pass {_choices()}")
     adapter = registry.get_backend(name)  # BackendUnavailable with the install hint when it is missing
-    helpers = adapter.precision()
+    helpers = adapter.precision
     device = helpers.device()
     helpers.check(chosen.name, chosen.compute_dtype, device)  # ConfigError("precision", reason)
-    return Policy(chosen, name, helpers, device, per_thread=adapter.precision_state_per_thread)
+    return Policy(chosen, name, helpers, device, per_thread=helpers.precision_state_per_thread)
