@@ -1,28 +1,7 @@
 """Memory savers: recompute activations in the backward pass, or keep them on the host.
 
-``remat(fn, policy)`` wraps a block so that the backward pass recomputes (or fetches from
-host memory) the activations it would otherwise keep on the device from the forward
-pass to the backward pass; ``offload()`` is the context form of host offload where the
-framework has one. Each framework's own mechanism does the work, through its adapter
-(``Backend.remat``, ``Backend.offload``):
-
-- torch: ``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)``, with a
-  selective-checkpoint policy for ``"matmuls"``; ``torch.autograd.graph.save_on_cpu``
-  for ``"offload"`` and ``offload()``.
-- JAX: ``jax.checkpoint(fn, policy=...)`` with ``nothing_saveable``, ``dots_saveable``
-  or ``offload_dot_with_no_batch_dims``; offload is a policy only.
-- TensorFlow: ``tf.recompute_grad`` for ``"full"``, with Keras dropout replayed (below);
-  ``"matmuls"`` and ``"offload"`` are unsupported.
-
-Randomness replays: the gradients with a saver equal those without it. torch restores
-its RNG state before recomputing; ``jax.random`` takes explicit keys. TensorFlow's
-``tf.recompute_grad`` and ``keras.RematScope`` draw a new dropout mask when recomputing,
-so unimem restores the seed generators of the Keras layers ``fn`` reaches before the
-recomputation, and compares the recomputed output with the forward's: randomness it
-cannot replay is an error in the backward pass, never silently wrong gradients.
-
-Whether a saver saves memory depends on the model: measure it (``unimem.track``).
-``compat_matrix.md`` (rows ``remat.*``) says what each framework does.
+Each framework's own mechanism does the work, through its adapter (its ``savers`` topic).
+Which mechanism per framework and policy, and why dropout replays: docs/guides/memory-savers.md.
 """
 
 from __future__ import annotations
@@ -62,49 +41,21 @@ def _framework(backend: object) -> str:
 def remat(fn: Callable[..., Any], policy: str = "full", backend: str | None = None) -> Callable[..., Any]:
     """``fn`` wrapped so the backward pass recomputes, or fetches from the host, what it would keep.
 
-    Call the result where ``fn`` was called; its inputs, outputs and gradients are the
-    same. The memory of the activations ``fn`` keeps for the backward pass is traded for
-    time: ``"full"`` runs ``fn``'s forward pass twice.
-
-    - ``"full"``: keep ``fn``'s inputs only; recompute everything inside. torch:
-      ``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)``; JAX:
-      ``jax.checkpoint(fn, policy=nothing_saveable)``; TensorFlow: ``tf.recompute_grad``.
-    - ``"matmuls"``: keep the outputs of matrix products (torch: ``aten.mm``, ``addmm``,
-      ``bmm``, ``baddbmm`` and the scaled-dot-product attention kernels; JAX:
-      ``dots_saveable``), recompute the cheap rest. Not in TensorFlow.
-    - ``"offload"``: keep activations in host memory. torch: every tensor autograd saves in
-      ``fn`` goes through ``save_on_cpu`` (pinned where CUDA is available), nothing is
-      recomputed; JAX: dots without batch dimensions go to pinned host memory and the rest
-      is recomputed. Not in TensorFlow. Offload does not promise a saving: the copies take
-      time, a saved tensor still referenced elsewhere stays on the device as well, and
-      buffers coming back can raise the device peak. Measure it (``unimem.track``).
-
-    Dropout replays in every framework, so the gradients equal those without recomputation
-    (within rounding). TensorFlow's own ``tf.recompute_grad`` and ``keras.RematScope`` do not
-    replay it; unimem restores the seed generators of the Keras layers ``fn`` reaches (``fn``
-    itself, a bound method's layer, layers in its closure or the globals it names) before
-    recomputing, and checks the recomputed output against the forward's. Randomness it
-    cannot replay (``tf.random.uniform``, ``tf.nn.dropout`` without a seed) is an error in
-    the backward pass. In TensorFlow, positional arguments are the tensors gradients flow
-    to; keyword arguments (``training=True``) pass through.
+    Call the result where ``fn`` was called: the same outputs and gradients, dropout included.
+    Each framework's mechanism per policy, and what a saver costs: [Memory savers](../guides/memory-savers.md).
 
     Args:
-        fn: The block: a function, a ``torch.nn.Module``, a Keras layer or model, any callable
-            the framework differentiates through.
-        policy: ``"full"`` (default), ``"matmuls"`` or ``"offload"``.
-        backend: A framework name or alias, or None (default): the framework named to
-            ``configure()``, else the one imported (an action: never guessed).
+        fn: The block: a function, a ``torch.nn.Module``, a Keras layer or model, any differentiable callable.
+        policy: ``"full"`` (default; keep ``fn``'s inputs only), ``"matmuls"`` or ``"offload"``.
+        backend: A framework name or alias, or None (default): the one configured, else the one imported.
 
     Returns:
         A callable that runs ``fn`` with the saver.
 
     Raises:
-        ConfigError: ``fn`` is not callable, ``policy`` is none of the three, or ``backend``
-            is unknown, or (None) ambiguous or undecidable.
-        UnsupportedFeature: The framework cannot do ``policy`` (feature ``remat.<policy>``);
-            the message names the nearest alternative. In TensorFlow in eager mode, also from
-            the backward pass when the recomputation differs from the forward pass (graph
-            mode: ``tf.errors.InvalidArgumentError`` with the same message).
+        ConfigError: ``fn`` is not callable, ``policy`` is none of the three, or ``backend`` is unknown or undecided.
+        UnsupportedFeature: The framework cannot do ``policy`` (the message names the nearest alternative); TensorFlow,
+            in the backward pass: randomness that cannot be replayed.
         BackendUnavailable: The framework is not installed.
 
     Example:
@@ -121,19 +72,13 @@ def remat(fn: Callable[..., Any], policy: str = "full", backend: str | None = No
 
 
 def offload(backend: str | None = None) -> contextlib.AbstractContextManager[None]:
-    """A context in which the activations kept for the backward pass live in host memory.
+    """A context in which the activations kept for the backward pass live in host memory (torch only).
 
-    torch only: ``torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())``.
-    Every tensor autograd saves inside the block is copied to the host and back when the
-    backward pass needs it; nothing is recomputed. It does not promise a saving: the copies
-    take time, a saved tensor still referenced elsewhere stays on the device as well, and
-    one saved twice comes back twice. Measure it (``unimem.track``).
-
-    JAX offloads through a ``jax.checkpoint`` policy only: use ``remat(fn, "offload")``.
+    torch's ``save_on_cpu``; JAX offloads through ``remat(fn, "offload")``. No promised saving:
+    [Memory savers](../guides/memory-savers.md#what-to-know).
 
     Args:
-        backend: A framework name or alias, or None (default): the framework named to
-            ``configure()``, else the one imported.
+        backend: A framework name or alias, or None (default): the one configured, else the one imported.
 
     Returns:
         A context manager; enter it around the forward pass.
