@@ -462,9 +462,6 @@ def framework_free_stats(device: int) -> MemoryStats:
     return with_host_rss(snapshot, host_memory.rss())
 
 
-_check_device = check_device  # the name other front modules import
-
-
 def _query_backend(backend: str | None) -> str:
     """The backend a pool action (reset_peak, clear_cache) acts on: the query rule, and the
     framework-free view (which has no pool, so it refuses with the reason)."""

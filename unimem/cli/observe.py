@@ -398,11 +398,11 @@ def watch(
     in turn (tables, or one JSON line each with ``--json``). Ctrl+C (SIGINT) and SIGTERM
     end it with the last refresh shown and exit status 0.
     """
-    from unimem.observe.monitor import _check_interval
+    from unimem.observe.monitor import check_interval
     from unimem.sizes import parse_size
 
     try:
-        interval = _check_interval(interval, "interval", 0.05)
+        interval = check_interval(interval, "interval", 0.05)
     except ConfigError as exc:
         raise option_error(exc, "'--interval'") from None
     if count is not None and count < 1:

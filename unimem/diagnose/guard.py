@@ -36,7 +36,6 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar, overload
 
 from unimem import registry
-from unimem.diagnose.recognise import _message as _message  # the name other front modules import
 from unimem.diagnose.recognise import clear_frames as clear_frames
 from unimem.diagnose.recognise import find_oom as find_oom
 from unimem.diagnose.recognise import framework_of, is_oom, requested_bytes

@@ -18,7 +18,7 @@ from unimem import registry
 if TYPE_CHECKING:
     from unimem.backends.base import Backend
 
-__all__ = ["clear_frames", "find_oom", "framework_of", "is_oom", "requested_bytes"]
+__all__ = ["clear_frames", "error_text", "find_oom", "framework_of", "is_oom", "requested_bytes"]
 
 _MAX_CHAIN = 64  # exceptions visited in one chain: a bound against pathological graphs
 _adapters: list[type[Backend]] = []  # every backend's adapter class, in registry order, once read
@@ -38,7 +38,8 @@ def adapter_classes() -> list[type[Backend]]:
     return _adapters
 
 
-def _message(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
+    """``str(exc)``, or ``""`` when the exception's ``__str__`` itself fails."""
     try:
         return str(exc)
     except Exception:  # a broken __str__ must not break the check
@@ -48,7 +49,7 @@ def _message(exc: BaseException) -> str:
 def _is_oom_itself(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError):
         return True
-    message = _message(exc)
+    message = error_text(exc)
     return any(adapter.recognises_oom(exc, message) for adapter in adapter_classes())
 
 
@@ -122,7 +123,7 @@ def framework_of(exc: BaseException) -> str | None:
     """The first backend (registry order) that recognises ``exc`` as its out-of-memory
     error or whose module its class comes from; None for a plain ``MemoryError`` or an
     error unimem does not know."""
-    message = _message(exc)
+    message = error_text(exc)
     for adapter in adapter_classes():
         if adapter.recognises_oom(exc, message) or adapter.owns_error(exc):
             return adapter.name

@@ -15,7 +15,7 @@ from typing import Any
 
 from unimem import api, registry
 from unimem.diagnose.live_objects import LiveMemory, LiveObject, scan
-from unimem.diagnose.recognise import _message, framework_of, requested_bytes
+from unimem.diagnose.recognise import error_text, framework_of, requested_bytes
 from unimem.diagnose.rules import HIGH_FRAGMENTATION, Context, PoolUse, Suggestion, Traits, suggest
 from unimem.memory_stats import MemoryStats
 from unimem.pool_fragmentation import Fragmentation, read
@@ -340,7 +340,7 @@ def build_report(
 ) -> OOMReport:
     """An ``OOMReport`` for ``oom`` (the out-of-memory error itself, not a wrapper)."""
     notes: list[str] = []
-    message = _message(oom)
+    message = error_text(oom)
     framework = backend or framework_of(oom)
     found = requested_bytes(message)
     place = _place(oom, framework, device, message)

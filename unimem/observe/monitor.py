@@ -60,7 +60,7 @@ from unimem.observe.recording import (
 )
 from unimem.observe.track import read_stats, resolve_query
 
-__all__ = ["MIN_FRAMEWORK_INTERVAL", "MIN_INTERVAL", "Monitor", "counter_reader", "monitor"]
+__all__ = ["MIN_FRAMEWORK_INTERVAL", "MIN_INTERVAL", "Monitor", "check_interval", "counter_reader", "monitor"]
 
 MIN_INTERVAL = 0.001  # faster, each tick is mostly the cost of reading NVML and /proc itself
 MIN_FRAMEWORK_INTERVAL = 0.01  # each in-process read wakes a thread that must take the GIL
@@ -72,7 +72,9 @@ _REPLY_TIMEOUT = 30.0
 Counters = tuple[int | None, int | None]  # (allocated, reserved)
 
 
-def _check_interval(value: object, parameter: str, floor: float) -> float:
+def check_interval(value: object, parameter: str, floor: float) -> float:
+    """``value`` as seconds: a positive, finite number no smaller than ``floor``; else a ``ConfigError``
+    naming ``parameter``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(parameter, f"expected seconds as a number, got {value!r}")
     seconds = float(value)
@@ -143,13 +145,13 @@ class Monitor:
         max_samples: int = DEFAULT_MAX_SAMPLES,
         probe: str | None = None,
     ) -> None:
-        self.interval = _check_interval(interval, "interval", MIN_INTERVAL)
+        self.interval = check_interval(interval, "interval", MIN_INTERVAL)
         if framework_interval == "auto":
             self.framework_interval: float | None = max(self.interval, DEFAULT_FRAMEWORK_INTERVAL)
         elif framework_interval is None:
             self.framework_interval = None
         else:
-            self.framework_interval = _check_interval(framework_interval, "framework_interval", MIN_FRAMEWORK_INTERVAL)
+            self.framework_interval = check_interval(framework_interval, "framework_interval", MIN_FRAMEWORK_INTERVAL)
         if backend is not None:
             registry.canonical_name(backend)
         self.device = check_device(device)
