@@ -1,20 +1,7 @@
 """Gradient accumulation to a global batch: how many micro-batches of which size each rank runs.
 
-``plan_accumulation(target_global_batch, micro_batch, world_size)`` splits a global batch of exactly
-``target_global_batch`` samples into optimizer steps of ``steps`` micro-batches on each of
-``world_size`` ranks, no micro-batch larger than ``micro_batch`` (the largest that fits, say
-``find_batch_size``'s answer). A target that does not divide evenly is met exactly, not
-rounded: the micro-batches differ by at most one sample, the larger ones first, so every
-micro-batch still fits. The loss of each micro-batch is then weighted by its share of the
-global batch (``AccumulationPlan.weight``), never divided by the step count, which is wrong
-when micro-batches differ.
-
-``accumulate(plan)`` walks one optimizer step's micro-batches on this rank: each ``MicroBatch``
-says its size, where it sits in the rank's share, and the weight its mean loss takes; with
-``model=`` (a module wrapped for data parallelism) the gradient synchronisation across ranks
-is skipped on all but the last micro-batch. ``accumulate_grads`` sums weighted gradients for
-frameworks whose backward pass returns them (a GradientTape, ``jax.grad``) instead of adding
-them into the parameters.
+Each micro-batch's loss is weighted by its share of the global batch, never divided by the step
+count, which is wrong when sizes differ. The plan, the weights and the loops: docs/guides/gradient-accumulation.md.
 """
 
 from __future__ import annotations
@@ -53,10 +40,13 @@ class AccumulationPlan:
     micro_batch: int
 
     def sizes(self, rank: int = 0) -> tuple[int, ...]:
-        """The micro-batch sizes ``rank`` runs in one optimizer step, in order: ``steps`` of
-        them, differing by at most one, summing with every other rank's to ``global_batch``.
-        A size is 0 only where the target is under ``steps x world_size`` (micro-batches of 1):
-        that rank still takes part in the step's gradient synchronisation.
+        """The ``steps`` micro-batch sizes ``rank`` runs in one optimizer step, larger first, differing by one at most.
+
+        Args:
+            rank: The rank, from 0 (default 0).
+
+        Returns:
+            The sizes; with every other rank's they sum to ``global_batch``.
 
         Raises:
             ConfigError: ``rank`` is not in ``range(world_size)`` (``exc.parameter == "rank"``).
@@ -70,14 +60,26 @@ class AccumulationPlan:
         return tuple(base + (s * self.world_size + rank < extra) for s in range(self.steps))
 
     def weight(self, size: int) -> float:
-        """The factor a micro-batch's mean loss takes so that the accumulated gradient is the
-        mean over the global batch: ``size / global_batch`` (under DDP's gradient averaging over
-        ``world_size`` ranks, multiply by ``world_size`` too: ``accumulate`` does)."""
+        """``size / global_batch``: a micro-batch's share of the global batch, the factor its mean loss takes.
+
+        Under gradient averaging over ranks ``accumulate`` multiplies it by ``world_size``.
+
+        Args:
+            size: The micro-batch's samples.
+
+        Returns:
+            The factor.
+        """
         return size / self.global_batch
 
     def share(self, rank: int = 0) -> slice:
-        """Where ``rank``'s samples sit in one global batch, ranks in order: ``rank`` 0 takes
-        the first ``sum(sizes(0))``, and so on; the shares cover the global batch exactly.
+        """Where ``rank``'s samples sit in one global batch, ranks in order; the shares cover it exactly.
+
+        Args:
+            rank: The rank, from 0 (default 0).
+
+        Returns:
+            The slice of the global batch that is ``rank``'s.
 
         Raises:
             ConfigError: ``rank`` is not in ``range(world_size)`` (``exc.parameter == "rank"``).
@@ -88,14 +90,14 @@ class AccumulationPlan:
 
 
 def plan_accumulation(target_global_batch: int, micro_batch: int, world_size: int = 1) -> AccumulationPlan:
-    """The fewest micro-batches per rank that reach ``target_global_batch`` exactly without
-    any being larger than ``micro_batch``.
+    """The fewest micro-batches per rank that reach ``target_global_batch`` exactly, none above ``micro_batch``.
+
+    How uneven targets split: [Gradient accumulation](../guides/gradient-accumulation.md#plan-the-micro-batches).
 
     Args:
         target_global_batch: Samples per optimizer step over all ranks (1 or more).
-        micro_batch: The largest micro-batch that fits on a rank (1 or more).
-        world_size: Ranks sharing the global batch (1 or more); at most the target, so that
-            every rank gets a sample.
+        micro_batch: The largest micro-batch that fits on a rank (1 or more), say ``find_batch_size``'s answer.
+        world_size: Ranks sharing the global batch (1 or more, at most the target).
 
     Returns:
         The plan; ``plan.sizes(rank)`` lists each rank's micro-batches.
@@ -184,44 +186,22 @@ def accumulate(
 ) -> Iterator[MicroBatch]:
     """This rank's micro-batches of one optimizer step, each with the weight of its loss.
 
-    Run the forward and backward pass of each micro-batch in the loop body, its mean loss
-    times ``mb.weight``; step the optimizer once, after the loop. The weights make the
-    accumulated gradient the mean over the global batch whatever the sizes, which dividing
-    by the step count does not when micro-batches differ.
-
-    - ``reduction="mean"`` (default): the runtime averages the ranks' gradients (torch DDP,
-      ``jax.lax.pmean``): ``weight = plan.weight(size) * world_size``. With one rank it is
-      ``size / global_batch`` either way.
-    - ``reduction="sum"``: the runtime sums them (``tf.distribute`` strategies, ``psum``):
-      ``weight = plan.weight(size)``.
-
-    With ``model=`` a module wrapped for data parallelism (torch's
-    ``DistributedDataParallel``, FSDP), the body of every micro-batch but the last runs
-    inside ``model.no_sync()``: gradients add up locally and are all-reduced once, on the
-    last. A loss scaler scales every micro-batch's loss with the same scale and unscales,
-    steps and updates once, after the loop.
+    Backward ``loss * mb.weight`` in the loop body; step the optimizer once, after the loop. The weights,
+    ranks and a loss scaler: [Gradient accumulation](../guides/gradient-accumulation.md).
 
     Args:
         plan: What ``plan_accumulation`` returned.
-        rank: This process's rank; None (default): 0 for a one-rank plan, else the rank the
-            launcher's variables give (``unimem.rank_info()``).
-        model: The wrapped module whose synchronisation to skip until the last micro-batch;
-            None (default): nothing is skipped (one process, or frameworks that return
-            gradients and synchronise where the script applies them).
-        reduction: ``"mean"`` (default) or ``"sum"``: how the runtime combines the ranks'
-            gradients.
-        backend: The framework ``model`` belongs to, or None (default): the one configured,
-            else the one imported. Read only when ``model`` is given.
+        rank: This process's rank; None (default): 0 for a one-rank plan, else the launcher's.
+        model: A module wrapped for data parallelism: all but the last micro-batch run under its ``no_sync()``.
+        reduction: ``"mean"`` (default) or ``"sum"``: how the runtime combines the ranks' gradients.
+        backend: The framework ``model`` belongs to, or None (default): the one configured, else the one imported.
 
     Yields:
         One ``MicroBatch`` per micro-batch, in order.
 
     Raises:
-        ConfigError: ``plan`` is not an ``AccumulationPlan``, ``rank`` is out of range (or
-            None and no launcher names it), ``reduction`` is neither of the two, or
-            ``backend`` cannot be told (``exc.parameter`` names which).
-        UnsupportedFeature: ``model`` is given and its framework has no way to skip the
-            synchronisation.
+        ConfigError: ``plan``, ``rank``, ``reduction`` or ``backend`` is invalid or cannot be told (the error names it).
+        UnsupportedFeature: ``model`` is given and its framework cannot skip the synchronisation.
 
     Example:
         ```python
@@ -261,15 +241,12 @@ def accumulate(
 def accumulate_grads(total: Any, grads: Any, weight: float = 1.0, *, backend: str | None = None) -> Any:
     """``total + weight * grads``, leaf by leaf: the running sum of a step's weighted gradients.
 
-    For frameworks whose backward pass returns the gradients (a TensorFlow ``GradientTape``,
-    ``jax.grad``): start from ``total=None`` and apply the sum once per optimizer step. torch
-    adds into ``.grad`` by itself: weight the loss there instead. Traceable: inside
-    ``tf.function`` or ``jax.jit`` it builds the same sum.
+    For a ``GradientTape`` or ``jax.grad``, also traced; torch adds into ``.grad`` itself.
+    See [Frameworks that return gradients](../guides/gradient-accumulation.md#frameworks-that-return-gradients).
 
     Args:
         total: The sum so far, or None for the first micro-batch.
-        grads: This micro-batch's gradients, in the structure ``total`` has (lists, tuples,
-            dicts; JAX: any pytree). A None leaf (a variable the loss does not reach) stays None.
+        grads: This micro-batch's gradients, in ``total``'s structure (lists, tuples, dicts; JAX: any pytree).
         weight: The factor ``grads`` take (``mb.weight`` when the loss was not weighted).
         backend: The framework, or None (default): the one configured, else the one imported.
 
