@@ -1,27 +1,8 @@
 """The registry: backend names, their lazily imported adapters, and the one rule for ``backend=None``.
 
-This table is the only place in the front that names a framework. Nothing here imports
-a framework or NVML: installed frameworks are found with ``importlib.util.find_spec``,
-imported ones through ``sys.modules``, and an adapter module is imported on first use.
-
-``backend=None`` means one thing everywhere, in two kinds (``resolve``):
-
-- a *query* (``stats``, ``track``, ``monitor``, ``summary``, ``fragmentation``): the
-  frameworks named in ``configure()``; else those whose device runtime has started; else
-  the framework-free view (NVML, or Nones on a host without a driver), answered as ``None``.
-- an *action* that must work before anything starts (``mixed_precision``,
-  ``find_batch_size``, ``oom_guard``, ``profile``): the frameworks named in ``configure()``;
-  else the one framework the user imported, not counting one that another imported module
-  imports itself (TensorFlow and Keras import JAX; transformers imports torch); else a
-  ``ConfigError`` listing the candidates.
-
-Several at one level is a ``ConfigError`` naming them: unimem never guesses.
-
-Third-party backends register an adapter class in the entry-point group
-``unimem.backends`` (``name = "package.module:Class"``). Reading entry points costs tens
-of milliseconds, so they are read once, on the first lookup that needs them (an unknown
-name, a list of backends, the ``backend=None`` rule), never at ``import unimem``. A
-built-in name always wins over a plug-in of the same name.
+This table is the only place in the front that names a framework, and nothing here imports a
+framework or NVML. The rule ``resolve`` keeps, and why: docs/explanation/backend-rule.md;
+plug-ins through the entry-point group ``unimem.backends``: docs/api/backends.md.
 """
 
 from __future__ import annotations
@@ -249,9 +230,19 @@ def _one(candidates: list[str], evidence: str) -> str:
 
 
 def resolve(backend: object, kind: Literal["query", "action"]) -> str | None:
-    """The backend ``backend`` means for a query or an action (see the module's doc).
+    """The backend ``backend`` means for a query or an action: the one ``backend=None`` rule.
 
-    An explicit name is made canonical. ``None`` from a query means the framework-free view.
+    See docs/explanation/backend-rule.md for the rule and why.
+
+    Args:
+        backend: A name or alias (made canonical), or None to apply the rule.
+        kind: ``"query"`` (falls back to the framework-free view) or ``"action"`` (never falls back).
+
+    Returns:
+        The canonical name; None from a query means the framework-free view.
+
+    Raises:
+        ConfigError: The name is unknown, several candidates are at one level, or an action has none.
     """
     if backend is not None:
         return canonical_name(backend)
