@@ -1,20 +1,9 @@
 """Who this process is among many: its rank, node and local rank, and the GPU that is its own.
 
-Ranks are read from the environment the launcher sets, first match wins:
-
-- torchrun, accelerate, Lightning: ``LOCAL_RANK``, ``RANK``, ``WORLD_SIZE``,
-  ``LOCAL_WORLD_SIZE``, and the node as ``GROUP_RANK`` (``NODE_RANK`` for Lightning);
-- Open MPI (``OMPI_COMM_WORLD_*``) and MPICH/Hydra (``PMI_RANK``, ``MPI_LOCALRANKID``);
-- SLURM's ``srun``: ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``, ``SLURM_NODEID``,
-  and the GPUs it gave the job (``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS``);
-- else a framework's distributed runtime once initialised (JAX's ``jax.distributed``, torch's
-  process group): rank and world size only.
-
-Pinning (``configure`` under a launcher) uses the framework's own device call by default, not
-``CUDA_VISIBLE_DEVICES``: a rank that sees one GPU sees it as device 0, so the usual
-``set_device(LOCAL_RANK)`` in the script would fail on every rank but the first. With
-``devices="per-rank"`` unimem does set ``CUDA_VISIBLE_DEVICES`` to the rank's GPU, and the
-script must then use device 0.
+Ranks come from the launcher's variables (first launcher found wins), else an initialised
+distributed runtime. A rank is pinned by the framework's own device call, not by
+``CUDA_VISIBLE_DEVICES``, unless ``devices="per-rank"``. Which variables, and why the pin is
+made so: docs/guides/many-gpus.md.
 """
 
 from __future__ import annotations
@@ -63,9 +52,9 @@ _written: dict[str, str | None] = {"original": None, "value": None}
 
 @dataclass(frozen=True)
 class RankInfo:
-    """This process among many, as its launcher (or a distributed runtime) describes it.
+    """This process among many, as its launcher (or a distributed runtime) describes it; ``unimem.rank_info()``.
 
-    Returned by ``unimem.rank_info()``. A figure the environment does not give is None.
+    A figure the environment does not give is None.
 
     Attributes:
         rank (int | None): Global rank, 0 to ``world_size - 1``.
@@ -170,12 +159,9 @@ def _from_env(env: Mapping[str, str]) -> RankInfo | None:
 
 
 def rank_info(environ: Mapping[str, str] | None = None, *, runtime: bool = True) -> RankInfo:
-    """This process's rank, node and local rank, from its launcher's environment.
+    """This process's rank, node and local rank, from its launcher's environment; starts and imports nothing.
 
-    Reads torchrun's, MPI's and SLURM's variables (the module's doc lists them); where none is
-    set and ``runtime`` is True, asks the imported frameworks whose distributed runtime is
-    initialised (``jax.distributed.initialize``, a torch process group) for rank and world
-    size. Starts nothing, imports no framework.
+    Which launchers' variables it reads: [Which rank am I](../guides/many-gpus.md#which-rank-am-i-rank_info).
 
     Args:
         environ: The environment to read (default: ``os.environ``).
@@ -185,8 +171,7 @@ def rank_info(environ: Mapping[str, str] | None = None, *, runtime: bool = True)
         The figures found; every one None (``launcher="none"``) in a single process.
 
     Raises:
-        ConfigError: A rank variable holds something other than a whole number 0 or more
-            (``exc.parameter`` names the variable).
+        ConfigError: A rank variable is not a whole number of 0 or more (``exc.parameter`` names it).
 
     Example:
         ```python
@@ -314,9 +299,8 @@ def pin_for(info: RankInfo, visible: int | None) -> Pin | None:
 def local_device(environ: Mapping[str, str] | None = None) -> int:
     """The device index (as the framework counts) that is this rank's own; 0 for a single process.
 
-    Pass it where unimem asks for a device: ``unimem.stats(device=unimem.local_device())``,
-    ``track(...)``, ``monitor(...)``. Under ``devices="per-rank"`` it is 0 (the rank sees only
-    its GPU).
+    Pass it as ``device=`` to ``stats``, ``track`` and ``monitor``; 0 under ``devices="per-rank"``.
+    How it is chosen: [One GPU per rank](../guides/many-gpus.md#one-gpu-per-rank-the-pin).
 
     Args:
         environ: The environment to read (default: ``os.environ``).
@@ -494,8 +478,7 @@ def metadata(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 def rank_path(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> Path:
-    """``path`` with this process's rank in its name (``memory.json`` -> ``memory.rank3.json``),
-    so that every rank writes its own file; unchanged for a single process.
+    """``path`` with this process's rank in its name (``memory.json`` -> ``memory.rank3.json``); unchanged for one.
 
     Args:
         path: The file a recording, a profile or a report is written to.
@@ -520,9 +503,7 @@ def rank_path(path: str | os.PathLike[str], environ: Mapping[str, str] | None = 
 
 @dataclass(frozen=True)
 class StrayMemory:
-    """Memory this process holds on GPUs that are not its own, as NVML lists it.
-
-    Returned by ``unimem.stray_memory()``.
+    """Memory this process holds on GPUs that are not its own, as NVML lists it; ``unimem.stray_memory()``.
 
     Attributes:
         rank (int | None): This process's rank.
@@ -574,12 +555,10 @@ def _own_nvml_index(view: Any, device: int) -> int | None:
 
 
 def stray_memory(*, warn: bool = True) -> StrayMemory:
-    """Memory this rank holds on GPUs other than its own: the context a tensor made before
-    ``set_device`` leaves on GPU 0 (about 0.5 GiB per rank).
+    """Memory this rank holds on GPUs other than its own, from NVML's process lists.
 
-    Reads NVML's process list of every GPU for this process's PID. A process NVML does not
-    list while a framework has started its device runtime lives in another PID namespace (a
-    container): that is "cannot see" (``seen=False``), not "nothing held".
+    Typically the context a tensor made before ``set_device`` leaves on GPU 0; in a container NVML may not
+    see the process at all (``seen=False``): [One GPU per rank](../guides/many-gpus.md#one-gpu-per-rank-the-pin).
 
     Args:
         warn: Warn (``UnimemWarning``) for each stray GPU, naming the rank, the GPU and the fix.
@@ -592,7 +571,7 @@ def stray_memory(*, warn: bool = True) -> StrayMemory:
 
     Example:
         ```python
-        unimem.stray_memory()  # warns: rank 1 holds 520 MiB on GPU 0, which is not its own (GPU 1): ...
+        unimem.stray_memory()  # warns: rank 1 holds ... on GPU 0, which is not its own (GPU 1): ...
         ```
     """
     info = rank_info()
