@@ -1,11 +1,8 @@
 """What ``configure()`` has put in force in this process, and the checks that span its calls.
 
-A setting stays in force until a later call for the same backend replaces it (the ``Action``
-says what it replaced). A later call is validated against what is in force as a single call
-is against itself: the shares of one device add up across calls, a backend's settings must
-still combine, and ``devices``, where it is an environment variable, is one value for the
-whole process. Under a launcher each call also pins the rank to its GPU; the pin is in force
-beside the settings, not one of them. ``configuration()`` reads it all back.
+Calls add up: a setting stays until a later call for the same backend replaces it, and a call is
+checked against what is in force as one call is against itself. The rank's pin is kept beside the
+settings, not as one of them. The rules a user sees: docs/guides/configure.md#calls-add-up.
 """
 
 from __future__ import annotations
@@ -336,26 +333,19 @@ def record(actions: list[Action], *, tentative: bool, pinned: int = 0) -> list[A
 class BackendConfiguration:
     """The settings ``configure()`` put in force for one backend, and how each was made.
 
-    A setting no call gave (or whose every action was skipped) is None: the framework's own
-    default, or what the environment says.
+    A setting no call gave is None: the framework's default, or what the environment says.
+    See [Calls add up](../guides/configure.md#calls-add-up).
 
     Attributes:
         backend (str): The backend (``"torch"``, ``"jax"``, ...).
-        fraction (float | None): The cap as a share of device memory; None when no share was
-            set (or a ``limit`` replaced it).
-        limit (int | None): The cap in bytes; None when none was set (or a ``fraction`` replaced it).
+        fraction (float | None): The cap as a share of device memory; None when unset or a ``limit`` replaced it.
+        limit (int | None): The cap in bytes; None when unset or a ``fraction`` replaced it.
         growth (bool | None): True allocates on demand, False preallocates.
         allocator (str | None): ``"default"``, ``"async"``, ``"expandable"`` or ``"uncached"``.
         devices (tuple[int, ...] | None): The device indices the framework may see.
-        pin (int | None): Under a launcher (torchrun, SLURM, MPI), the device this rank is pinned
-            to, counted among the devices the launcher made visible: a ``"pin"`` action's device,
-            or the rank's GPU under ``devices="per-rank"`` (which the rank then sees as device 0);
-            None when nothing pins it (a single process, devices chosen, the pin skipped).
-        actions (tuple[Action, ...]): How each setting was made, as the call that made it
-            reported it: a ``"pending"`` status there is as of that call (``phase`` says
-            whether the framework has started since).
-        phase (str): How far the framework has got now: ``"not imported"``, ``"imported,
-            device not started"`` or ``"device runtime started"``.
+        pin (int | None): Under a launcher, the device this rank is pinned to, among those the launcher made visible.
+        actions (tuple[Action, ...]): How each setting was made, as the call that made it reported it.
+        phase (str): How far the framework has got now: ``"not imported"``, ``"imported, device not started"``, ...
     """
 
     backend: str
@@ -380,8 +370,9 @@ class BackendConfiguration:
 
 
 class Configuration(Mapping[str, BackendConfiguration]):
-    """What ``configure()`` has put in force in this process, per backend: a read-only mapping
-    from backend name to ``BackendConfiguration``. ``str()`` prints a table.
+    """What ``configure()`` has put in force in this process: a read-only mapping of backend to its settings.
+
+    ``str()`` prints a table; aliases (``"tf"``) work as keys.
 
     Example:
         ```python
@@ -435,15 +426,11 @@ class Configuration(Mapping[str, BackendConfiguration]):
 def configuration() -> Configuration:
     """What ``configure()`` has put in force in this process, per backend, and how each setting was made.
 
-    Each setting is the latest one given for that backend (a later call replaces it; its
-    ``Action.replaced`` says what it replaced). Settings made outside unimem (variables you
-    set yourself) are not included.
+    The latest setting given for each backend; variables set outside unimem are not included.
+    See [Calls add up](../guides/configure.md#calls-add-up).
 
     Returns:
-        A read-only mapping from backend name to ``BackendConfiguration`` (fraction, limit,
-        growth, allocator, devices, under a launcher the device this rank is pinned to, the
-        actions that made them, the framework's phase now);
-        empty when nothing is configured. ``str()`` prints a table.
+        A read-only mapping from backend name to ``BackendConfiguration``; empty when nothing is configured.
 
     Example:
         ```python
