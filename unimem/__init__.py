@@ -75,7 +75,7 @@ _LAZY: dict[str, str] = {
     "profile": "observe.profile",
     "RankLine": "observe.plotting",
     "RanksPlot": "observe.plotting",
-    "plot_recordings": "observe.plotting",
+    "plot_recordings": "observe.recording",
     "Mark": "observe.recording",
     "Recording": "observe.recording",
     "Sample": "observe.recording",
@@ -106,9 +106,9 @@ if TYPE_CHECKING:
     from unimem.observe.cluster import ClusterStats, cluster_stats
     from unimem.observe.hook import MemoryHook
     from unimem.observe.monitor import Monitor, monitor
-    from unimem.observe.plotting import RankLine, RanksPlot, plot_recordings
+    from unimem.observe.plotting import RankLine, RanksPlot
     from unimem.observe.profile import Profile, profile
-    from unimem.observe.recording import Mark, Recording, Sample, load_recording
+    from unimem.observe.recording import Mark, Recording, Sample, load_recording, plot_recordings
     from unimem.observe.track import Tracked, track
     from unimem.pool_fragmentation import Fragmentation, fragmentation
     from unimem.ranks import RankInfo, StrayMemory, local_device, rank_info, rank_path, stray_memory

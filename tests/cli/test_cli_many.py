@@ -212,8 +212,8 @@ def _saved(folder: Path, name: str, meta: dict[str, object], start: float, used:
 def test_plot_recordings_labels_ranks_from_metadata_else_the_file_name_and_says_what_did_not_match(
     tmp_path: Path,
 ) -> None:
-    from unimem.observe.plotting import _ranks_figure, plot_recordings
-    from unimem.observe.recording import load_recording
+    from unimem.observe.plotting import _ranks_figure
+    from unimem.observe.recording import load_recording, plot_recordings
 
     files = [
         _saved(tmp_path, "a.json", {"rank": 2, "world_size": 4}, 100.0, 3 * GIB),
@@ -233,7 +233,7 @@ def test_plot_recordings_labels_ranks_from_metadata_else_the_file_name_and_says_
 
 
 def test_plot_recordings_without_a_common_figure_draws_what_it_has_and_says_so(tmp_path: Path) -> None:
-    from unimem.observe.plotting import plot_recordings
+    from unimem.observe.recording import plot_recordings
 
     gpu = Recording([Sample(1.0, "device", process_used=GIB), Sample(2.0, "device", process_used=GIB)], [], {"rank": 0})
     cpu = Recording([Sample(1.5, "device", host_rss=MIB), Sample(2.5, "device", host_rss=MIB)], [], {"rank": 1})
@@ -257,7 +257,7 @@ def test_plot_recordings_refuses_bad_arguments_and_writes_nothing(
     tmp_path: Path, recordings: object, path: str, parameter: str
 ) -> None:
     from unimem.errors import ConfigError
-    from unimem.observe.plotting import plot_recordings
+    from unimem.observe.recording import plot_recordings
 
     before = sorted(tmp_path.rglob("*"))
     with pytest.raises(ConfigError) as caught:

@@ -7,9 +7,11 @@ performance; the overhead targets live in benchmarks/bench_monitor.py.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
+import sys
 import textwrap
 import threading
 import time
@@ -304,6 +306,7 @@ def test_interleaved_streams_each_draw_a_line(tmp_path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from unimem.observe.plotting import _draw_line
     from unimem.observe.recording import SOURCE_DEVICE, SOURCE_FRAMEWORK, Recording, Sample
 
     samples = []
@@ -314,7 +317,7 @@ def test_interleaved_streams_each_draw_a_line(tmp_path: Path) -> None:
     recording = Recording(samples=samples, meta={"started": 100.0})
     fig, ax = plt.subplots()
     for name in ("allocated", "reserved", "process_used"):
-        assert recording._draw(ax, name, None, name, "-", 100.0, 1 << 20) == 1
+        assert _draw_line(ax, recording, name, name, "-", 100.0, 1 << 20) == 1
     lines = {line.get_label(): line for line in ax.get_lines()}
     # 20 connected readings per framework line; the device line has its 20 plus the gap.
     assert len(lines["allocated"].get_xdata()) == 20
@@ -386,3 +389,53 @@ def test_a_recording_prints_a_summary_not_its_samples() -> None:
         f"peak allocated {unimem.format_bytes(19_999 << 20)})"
     )
     assert str(recording) == text
+
+
+# --- one module draws ---------------------------------------------------------------------------
+
+
+def _imports_matplotlib(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "matplotlib" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "matplotlib":
+            return True
+    return False
+
+
+def test_only_plotting_draws_among_the_observers() -> None:
+    """One module of the family imports matplotlib: a change to the plots is made in one place."""
+    folder = Path(unimem.__file__).parent / "observe"
+    assert sorted(path.name for path in folder.glob("*.py") if _imports_matplotlib(path)) == ["plotting.py"]
+
+
+def test_monitor_and_hook_save_what_their_recording_saves(tmp_path: Path) -> None:
+    hook = unimem.MemoryHook()
+    for _ in range(3):
+        hook.step()
+    hook.mark("epoch 1")
+    with unimem.monitor(0.01) as m:
+        m.mark("start")
+    for name, maker in (("hook", hook), ("monitor", m)):
+        recording = maker.recording
+        for method, suffix in (("to_json", ".json"), ("to_csv", ".csv")):
+            made = getattr(maker, method)(tmp_path / f"{name}{suffix}")
+            direct = getattr(recording, method)(tmp_path / f"{name}.direct{suffix}")
+            assert made.read_text(encoding="utf-8") == direct.read_text(encoding="utf-8"), (name, method)
+        png = maker.plot(tmp_path / f"{name}.png", title=name, figsize=(4, 2), dpi=50)
+        with Image.open(png) as image:
+            assert image.format == "PNG" and image.size == (200, 100)
+
+
+def test_a_plot_without_matplotlib_says_so_even_where_parts_of_it_are_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.backends.backend_agg  # noqa: F401  (loaded, as after an earlier plot in the process)
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where the plot extra is not installed
+    recording = Recording([Sample(1.0, "device", host_rss=1 << 20)], [], {})
+    with pytest.raises(unimem.BackendUnavailable, match=r"pip install 'unimem\[plot\]'"):
+        recording.plot(tmp_path / "memory.png")
+    with pytest.raises(unimem.BackendUnavailable, match=r"pip install 'unimem\[plot\]'"):
+        unimem.plot_recordings([recording, recording], tmp_path / "ranks.png")
+    assert list(tmp_path.iterdir()) == []

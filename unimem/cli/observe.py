@@ -512,7 +512,7 @@ def plot(
         if len(files) == 1 and figure is None:
             _plot_one(files[0], target, title, (width / 100, height / 100), as_json)
             return
-        from unimem.observe.plotting import plot_recordings
+        from unimem.observe.recording import plot_recordings
 
         done = plot_recordings(files, target, figure=figure, title=title, figsize=(width / 100, height / 100))
     except UnimemError as exc:

@@ -14,21 +14,18 @@ torch; on JAX a lower bound unless the process peak rose, see ``track``).
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
-from typing import Any
 
 from unimem import host_memory
 from unimem.config import check_device
 from unimem.errors import ConfigError
-from unimem.observe.recording import SOURCE_STEP, BoundedSeries, Mark, Recording, Sample
+from unimem.observe.recording import SOURCE_STEP, BoundedSeries, Mark, Recorder, Recording, Sample
 from unimem.observe.track import Tracked
 
 __all__ = ["MemoryHook"]
 
 
-class MemoryHook:
+class MemoryHook(Recorder):
     """Per-step memory, recorded when ``step()`` is called.
 
     For a hand-written training loop: call ``hook.step()`` once per training step, in the
@@ -177,37 +174,3 @@ class MemoryHook:
             "notes": [self.last.note] if self.last is not None and self.last.note else [],
         }
         return Recording(self.samples, list(self._marks), meta)
-
-    def to_csv(self, path: str | os.PathLike[str]) -> Path:
-        """Save the recording as CSV (see ``Recording.to_csv``).
-
-        Args:
-            path: The file to write, in a folder that exists, named with the format's suffix.
-
-        Returns:
-            The path written.
-        """
-        return self.recording.to_csv(path)
-
-    def to_json(self, path: str | os.PathLike[str]) -> Path:
-        """Save the recording as JSON (see ``Recording.to_json``); ``load_recording`` reads it back.
-
-        Args:
-            path: The file to write, in a folder that exists, named with the format's suffix.
-
-        Returns:
-            The path written.
-        """
-        return self.recording.to_json(path)
-
-    def plot(self, path: str | os.PathLike[str], **kwargs: Any) -> Path:
-        """Save the recording as a PNG timeline (see ``Recording.plot``).
-
-        Args:
-            path: The file to write, in a folder that exists, named with the format's suffix.
-            **kwargs: ``title``, ``figsize``, ``dpi``, as ``Recording.plot`` takes them.
-
-        Returns:
-            The path written.
-        """
-        return self.recording.plot(path, **kwargs)

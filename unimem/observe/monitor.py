@@ -40,7 +40,6 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
@@ -53,6 +52,7 @@ from unimem.observe.recording import (
     SOURCE_FRAMEWORK,
     BoundedSeries,
     Mark,
+    Recorder,
     Recording,
     Sample,
     counted,
@@ -102,7 +102,7 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-class Monitor:
+class Monitor(Recorder):
     """A background memory timeline. ``with unimem.monitor(0.01) as m: ...`` or ``m.start()`` / ``m.stop()``.
 
     After (or during) the run: ``samples``, ``marks``, ``recording``, ``to_csv()``,
@@ -523,40 +523,6 @@ class Monitor:
     def gaps(self) -> list[tuple[float, str]]:
         """``(time, error)`` of every failed reading (a gap in the data)."""
         return self.recording.gaps
-
-    def to_csv(self, path: str | os.PathLike[str]) -> Path:
-        """Save the recording as CSV (see ``Recording.to_csv``).
-
-        Args:
-            path: The file to write, in a folder that exists, named with the format's suffix.
-
-        Returns:
-            The path written.
-        """
-        return self.recording.to_csv(path)
-
-    def to_json(self, path: str | os.PathLike[str]) -> Path:
-        """Save the recording as JSON (see ``Recording.to_json``); ``load_recording`` reads it back.
-
-        Args:
-            path: The file to write, in a folder that exists, named with the format's suffix.
-
-        Returns:
-            The path written.
-        """
-        return self.recording.to_json(path)
-
-    def plot(self, path: str | os.PathLike[str], **kwargs: Any) -> Path:
-        """Save the recording as a PNG timeline (see ``Recording.plot``).
-
-        Args:
-            path: The file to write, in a folder that exists, named with the format's suffix.
-            **kwargs: ``title``, ``figsize``, ``dpi``, as ``Recording.plot`` takes them.
-
-        Returns:
-            The path written.
-        """
-        return self.recording.plot(path, **kwargs)
 
     # --- Prometheus ------------------------------------------------------------------
     def serve_prometheus(self, port: int = 9400, host: str = "127.0.0.1") -> int:

@@ -1,19 +1,25 @@
-"""Plots are an extra: matplotlib (and numpy, pillow, fonttools with it) stays out of
-training environments that never draw. A plot request without it says what to install."""
+"""Every plot of a recording: the one module that draws (matplotlib).
+
+``Recording.plot`` and ``plot_recordings`` (in ``unimem.observe.recording``) check the paths and
+read the files; the figures are drawn here. Plots are an extra: matplotlib (and numpy, pillow,
+fonttools with it) stays out of training environments that never draw, so it is imported inside
+the functions that draw, and a plot request without it says what to install.
+"""
 
 from __future__ import annotations
 
-import os
+import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from unimem.errors import BackendUnavailable, ConfigError
-from unimem.observe.recording import Recording, _mark_text, _target, _unit, load_recording
 
-__all__ = ["PLOT_EXTRA", "RANK_FIGURES", "RankLine", "RanksPlot", "plot_recordings", "require_matplotlib"]
+if TYPE_CHECKING:
+    from unimem.observe.recording import Recording
+
+__all__ = ["PLOT_EXTRA", "RANK_FIGURES", "RankLine", "RanksPlot", "plot_ranks", "plot_recording", "require_matplotlib"]
 
 PLOT_EXTRA = "pip install 'unimem[plot]'"
 
@@ -77,18 +83,131 @@ class RanksPlot:
     notes: tuple[str, ...]
 
 
-def _loaded(recordings: Sequence[Any]) -> list[tuple[Recording, str | None]]:
-    if isinstance(recordings, (str, os.PathLike, Recording)) or not recordings:
-        raise ConfigError("recordings", "expected a list of recordings or their files, e.g. [r0, r1]")
-    out: list[tuple[Recording, str | None]] = []
-    for item in recordings:
-        if isinstance(item, Recording):
-            out.append((item, None))
-        elif isinstance(item, (str, os.PathLike)):
-            out.append((load_recording(item), Path(item).name))
-        else:
-            raise ConfigError("recordings", f"expected Recording objects or paths, got {type(item).__name__}")
-    return out
+# --- one recording ------------------------------------------------------------------------
+
+# The lines of one recording's plot: (figure, legend label, line style), in drawing order.
+_RECORDING_LINES = (
+    ("allocated", "allocated (framework)", "-"),
+    ("reserved", "reserved (framework pool)", "-"),
+    ("peak", "peak per step", ":"),
+    ("process_used", "process (NVML)", "-"),
+    ("device_used", "device used (NVML)", "--"),
+)
+
+
+def plot_recording(
+    recording: Recording, target: Path, *, title: str | None, figsize: tuple[float, float], dpi: int
+) -> None:
+    """Write ``recording``'s PNG timeline to ``target`` (a path already checked); see ``Recording.plot``.
+
+    Raises:
+        BackendUnavailable: matplotlib is not installed.
+    """
+    require_matplotlib("plot")  # one check for every plot, made before any part of matplotlib is imported
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    start = recording.start_time or 0.0
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    samples = recording.samples
+    everything = [v for s in samples for v in (s.allocated, s.reserved, s.process_used, s.peak) if v]
+    everything += [v for s in samples for v in (s.device_used, s.host_rss) if v]
+    limit = recording.meta.get("limit")
+    if isinstance(limit, int):
+        everything.append(limit)
+    scale, unit = _unit(max(everything) if everything else 0)
+
+    drawn = sum(_draw_line(ax, recording, name, label, style, start, scale) for name, label, style in _RECORDING_LINES)
+    if drawn == 0 or all(s.process_used is None and s.allocated is None for s in samples):
+        drawn += _draw_line(ax, recording, "host_rss", "host RSS (no GPU figures)", "-", start, scale)
+    if isinstance(limit, int):
+        ax.axhline(limit / scale, color="black", linestyle="-.", linewidth=1, label=f"cap {limit / scale:.2f} {unit}")
+    gaps = recording.gaps
+    if gaps:
+        # One collection for every gap: a run with thousands of failed readings still plots fast.
+        ax.vlines(
+            [t - start for t, _ in gaps],
+            0,
+            1,
+            transform=ax.get_xaxis_transform(),
+            color="orange",
+            alpha=0.6,
+            linewidth=1,
+            label=f"gaps ({len(gaps)} failed readings)",
+        )
+    _draw_marks(ax, recording, start)
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel(unit)
+    backend = recording.meta.get("backend") or "no framework"
+    ax.set_title(title or f"unimem: {backend}, device {recording.meta.get('device', 0)}")
+    ax.grid(True, alpha=0.3)
+    top = max(everything) / scale if everything else 1.0
+    ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)  # headroom: a flat line must not sit on the frame
+    if drawn or isinstance(limit, int):
+        ax.legend(loc="lower right", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no figures known", ha="center", va="center", transform=ax.transAxes)
+    fig.savefig(target, format="png", dpi=dpi)
+
+
+def _draw_line(ax: Any, recording: Recording, name: str, label: str, style: str, start: float, scale: int) -> int:
+    """One figure of ``recording`` as a line on ``ax``; 1 if drawn, 0 if the figure is never known."""
+    rows = recording.samples
+    # Each figure comes from one stream (the framework's counters, the NVML sampler, the step
+    # boundaries); the other streams' samples leave it None. Interleaved, those Nones would break
+    # the line at every point (the line would vanish), so only the streams that carry the figure
+    # are drawn, and only their failed readings break the line.
+    carriers = {s.source for s in rows if getattr(s, name) is not None}
+    points = [s for s in rows if s.source in carriers and (getattr(s, name) is not None or s.error)]
+    if not points:
+        return 0
+    # A failed reading becomes NaN: matplotlib breaks the line there, which is what a gap is.
+    ys = [math.nan if getattr(s, name) is None else getattr(s, name) / scale for s in points]
+    xs = [s.time - start for s in points]
+    ax.plot(xs, ys, style, label=label, linewidth=1.2)
+    return 1
+
+
+def _draw_marks(ax: Any, recording: Recording, start: float) -> None:
+    """Marks as labelled vertical lines."""
+    times = [s.time - start for s in recording.samples] + [m.time - start for m in recording.marks]
+    span = (max(times) - min(times)) if times else 0.0
+    previous, level = None, 0
+    for mark in sorted(recording.marks, key=lambda m: m.time):
+        x = mark.time - start
+        # Marks close together get their labels stepped down so they stay readable.
+        level = (level + 1) % 3 if previous is not None and x - previous < 0.03 * span else 0
+        previous = x
+        ax.axvline(x, color="grey", linestyle=":", linewidth=1)
+        _mark_text(ax, x, mark.label, "dimgray", 1.0 - 0.3 * level)
+
+
+def _mark_text(ax: Any, x: float, text: str, colour: Any, height: float = 1.0) -> None:
+    """A mark's label, upright beside its line at ``x``, ``height`` up the axes."""
+    ax.annotate(
+        text,
+        xy=(x, height),
+        xycoords=("data", "axes fraction"),
+        xytext=(2, -2),
+        textcoords="offset points",
+        rotation=90,
+        va="top",
+        fontsize=7,
+        color=colour,
+    )
+
+
+def _unit(biggest: int) -> tuple[int, str]:
+    """The unit the axis counts in: the largest binary unit not above ``biggest``."""
+    for scale, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if biggest >= scale:
+            return scale, unit
+    return 1, "bytes"
+
+
+# --- several recordings, one per rank ----------------------------------------------------------
 
 
 def _rank_of(recording: Recording, file: str | None) -> tuple[int | None, str | None]:
@@ -170,7 +289,7 @@ def _ranks_figure(
             if name:
                 notes.append(f"{label} has no {name} figures: no line")
             continue
-        recording._draw(ax, name, None, label, "-", origin, scale)
+        _draw_line(ax, recording, name, label, "-", origin, scale)
         colour = ax.lines[-1].get_color()
         for mark in recording.marks:
             ax.axvline(mark.time - origin, color=colour, linestyle=":", linewidth=0.8, alpha=0.7)
@@ -190,50 +309,22 @@ def _ranks_figure(
     return fig, name, drawn, notes
 
 
-def plot_recordings(
-    recordings: Sequence[Recording | str | os.PathLike[str]],
-    path: str | os.PathLike[str],
+def plot_ranks(
+    loaded: list[tuple[Recording, str | None]],
+    target: Path,
     *,
-    figure: str | None = None,
-    title: str | None = None,
-    figsize: tuple[float, float] = (10.0, 5.0),
-    dpi: int = 100,
+    figure: str | None,
+    title: str | None,
+    figsize: tuple[float, float],
+    dpi: int,
 ) -> RanksPlot:
-    """Several recordings (one per rank) as one PNG: one line per rank on one wall-clock axis.
-
-    Each line is labelled by its rank, read from the recording's metadata (``monitor()`` writes
-    it under a launcher), else from a ``.rankN`` in its file name (``unimem.rank_path``), else
-    by the file's name. Samples carry Unix times, so the lines are aligned on the wall clock:
-    x is seconds since the earliest start. Marks are dotted lines in their rank's colour, gaps
-    break the line.
-
-    Args:
-        recordings: ``Recording`` objects, or the JSON/CSV files they were saved to.
-        path: The PNG file to write (``.png``), in a folder that exists.
-        figure: The ``Sample`` field drawn per rank; None (default): the first of
-            ``process_used``, ``allocated``, ``reserved``, ``device_used``, ``host_rss`` that
-            every recording has (else that any has).
-        title: The plot's title; None (default): how many recordings and the figure.
-        figsize: Width and height in inches (default ``(10.0, 5.0)``).
-        dpi: Pixels per inch (default 100).
-
-    Returns:
-        The PNG's path, the figure drawn, each line's label, rank and file, and notes on what
-        did not match between the recordings.
+    """Write the PNG of several recordings (each with the file it was read from, or None) to
+    ``target`` (a path already checked); see ``plot_recordings``.
 
     Raises:
-        ConfigError: ``path`` is not a PNG path in a folder that exists, ``recordings`` is not a
-            list of recordings or files, a file is not a recording, or ``figure`` is unknown.
+        ConfigError: ``figure`` is not a figure a rank's line can show.
         BackendUnavailable: matplotlib is not installed.
-
-    Example:
-        ```python
-        # each rank: m.to_json(unimem.rank_path("memory.json"))
-        unimem.plot_recordings(["memory.rank0.json", "memory.rank1.json"], "ranks.png")
-        ```
     """
-    target = _target(path, ".png")
-    loaded = _loaded(recordings)
     require_matplotlib("plot_recordings")
     fig, name, drawn, notes = _ranks_figure(loaded, figure, title, figsize, dpi)
     fig.savefig(target, format="png", dpi=dpi)

@@ -1,9 +1,9 @@
-"""A memory timeline: samples, marks, CSV/JSON round trip and a PNG plot.
+"""A memory timeline's data and files: samples, marks, the CSV/JSON round trip, the PNG's path.
 
 ``monitor()``, ``MemoryHook`` and the Keras callback all produce a ``Recording``;
 ``load_recording(path)`` reads one back from the JSON or CSV it was saved to.
 Figures unimem could not know are ``None`` in memory, empty cells in CSV and
-``null`` in JSON, never 0.
+``null`` in JSON, never 0. The plots are drawn by ``unimem.observe.plotting``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unimem.errors import BackendUnavailable, ConfigError
+from unimem.errors import ConfigError
+from unimem.observe.plotting import RanksPlot, plot_ranks, plot_recording
 from unimem.sizes import format_bytes
 
-__all__ = ["BoundedSeries", "Mark", "Recording", "Sample", "load_recording"]
+__all__ = ["BoundedSeries", "Mark", "Recorder", "Recording", "Sample", "load_recording", "plot_recordings"]
 
 FORMAT = "unimem.recording/1"
 
@@ -446,102 +447,8 @@ class Recording:
             BackendUnavailable: matplotlib is not installed.
         """
         target = _target(path, ".png")
-        try:
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-            from matplotlib.figure import Figure
-        except ImportError:
-            raise BackendUnavailable("plot: matplotlib is not installed; pip install 'unimem[plot]'") from None
-
-        start = self.start_time or 0.0
-        fig = Figure(figsize=figsize, dpi=dpi)
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot(1, 1, 1)
-        everything = [v for s in self.samples for v in (s.allocated, s.reserved, s.process_used, s.peak) if v]
-        everything += [v for s in self.samples for v in (s.device_used, s.host_rss) if v]
-        limit = self.meta.get("limit")
-        if isinstance(limit, int):
-            everything.append(limit)
-        scale, unit = _unit(max(everything) if everything else 0)
-
-        lines = [
-            ("allocated", None, "allocated (framework)", "-"),
-            ("reserved", None, "reserved (framework pool)", "-"),
-            ("peak", SOURCE_STEP, "peak per step", ":"),
-            ("process_used", None, "process (NVML)", "-"),
-            ("device_used", None, "device used (NVML)", "--"),
-        ]
-        drawn = 0
-        for name, source, label, style in lines:
-            drawn += self._draw(ax, name, source, label, style, start, scale)
-        if drawn == 0 or all(s.process_used is None and s.allocated is None for s in self.samples):
-            drawn += self._draw(ax, "host_rss", None, "host RSS (no GPU figures)", "-", start, scale)
-        if isinstance(limit, int):
-            ax.axhline(
-                limit / scale, color="black", linestyle="-.", linewidth=1, label=f"cap {limit / scale:.2f} {unit}"
-            )
-        gaps = self.gaps
-        if gaps:
-            # One collection for every gap: a run with thousands of failed readings still plots fast.
-            ax.vlines(
-                [t - start for t, _ in gaps],
-                0,
-                1,
-                transform=ax.get_xaxis_transform(),
-                color="orange",
-                alpha=0.6,
-                linewidth=1,
-                label=f"gaps ({len(gaps)} failed readings)",
-            )
-        self._draw_marks(ax, start)
-        ax.set_xlabel("seconds since start")
-        ax.set_ylabel(unit)
-        backend = self.meta.get("backend") or "no framework"
-        ax.set_title(title or f"unimem: {backend}, device {self.meta.get('device', 0)}")
-        ax.grid(True, alpha=0.3)
-        top = max(everything) / scale if everything else 1.0
-        ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)  # headroom: a flat line must not sit on the frame
-        if drawn or isinstance(limit, int):
-            ax.legend(loc="lower right", fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "no figures known", ha="center", va="center", transform=ax.transAxes)
-        fig.savefig(target, format="png", dpi=dpi)
+        plot_recording(self, target, title=title, figsize=figsize, dpi=dpi)
         return target
-
-    def _draw_marks(self, ax: Any, start: float) -> None:
-        """Marks as labelled vertical lines."""
-        times = [s.time - start for s in self.samples] + [m.time - start for m in self.marks]
-        span = (max(times) - min(times)) if times else 0.0
-        previous, level = None, 0
-        for mark in sorted(self.marks, key=lambda m: m.time):
-            x = mark.time - start
-            # Marks close together get their labels stepped down so they stay readable.
-            level = (level + 1) % 3 if previous is not None and x - previous < 0.03 * span else 0
-            previous = x
-            ax.axvline(x, color="grey", linestyle=":", linewidth=1)
-            _mark_text(ax, x, mark.label, "dimgray", 1.0 - 0.3 * level)
-
-    def _draw(self, ax: Any, name: str, source: str | None, label: str, style: str, start: float, scale: int) -> int:
-        rows = [s for s in self.samples if source is None or s.source == source]
-        # Each figure comes from one stream (the framework's counters or the NVML sampler);
-        # the other stream's samples leave it None. Interleaved, those Nones would break the
-        # line at every point (the line would vanish), so only the streams
-        # that carry the figure are drawn, and only their failed readings break the line.
-        carriers = {s.source for s in rows if getattr(s, name) is not None}
-        points = [s for s in rows if s.source in carriers and (getattr(s, name) is not None or s.error)]
-        if not points:
-            return 0
-        # A failed reading becomes NaN: matplotlib breaks the line there, which is what a gap is.
-        ys = [math.nan if getattr(s, name) is None else getattr(s, name) / scale for s in points]
-        xs = [s.time - start for s in points]
-        ax.plot(xs, ys, style, label=label, linewidth=1.2)
-        return 1
-
-
-def _unit(biggest: int) -> tuple[int, str]:
-    for scale, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-        if biggest >= scale:
-            return scale, unit
-    return 1, "bytes"
 
 
 def _cell(value: object) -> str:
@@ -657,16 +564,116 @@ def merge_samples(*streams: Iterable[Sample]) -> list[Sample]:
     return merged
 
 
-def _mark_text(ax: Any, x: float, text: str, colour: Any, height: float = 1.0) -> None:
-    """A mark's label, upright beside its line at ``x``, ``height`` up the axes."""
-    ax.annotate(
-        text,
-        xy=(x, height),
-        xycoords=("data", "axes fraction"),
-        xytext=(2, -2),
-        textcoords="offset points",
-        rotation=90,
-        va="top",
-        fontsize=7,
-        color=colour,
-    )
+def _loaded(recordings: Sequence[Any]) -> list[tuple[Recording, str | None]]:
+    """Each recording with the name of the file it was read from (None for one passed in)."""
+    if isinstance(recordings, (str, os.PathLike, Recording)) or not recordings:
+        raise ConfigError("recordings", "expected a list of recordings or their files, e.g. [r0, r1]")
+    out: list[tuple[Recording, str | None]] = []
+    for item in recordings:
+        if isinstance(item, Recording):
+            out.append((item, None))
+        elif isinstance(item, (str, os.PathLike)):
+            out.append((load_recording(item), Path(item).name))
+        else:
+            raise ConfigError("recordings", f"expected Recording objects or paths, got {type(item).__name__}")
+    return out
+
+
+def plot_recordings(
+    recordings: Sequence[Recording | str | os.PathLike[str]],
+    path: str | os.PathLike[str],
+    *,
+    figure: str | None = None,
+    title: str | None = None,
+    figsize: tuple[float, float] = (10.0, 5.0),
+    dpi: int = 100,
+) -> RanksPlot:
+    """Several recordings (one per rank) as one PNG: one line per rank on one wall-clock axis.
+
+    Each line is labelled by its rank, read from the recording's metadata (``monitor()`` writes
+    it under a launcher), else from a ``.rankN`` in its file name (``unimem.rank_path``), else
+    by the file's name. Samples carry Unix times, so the lines are aligned on the wall clock:
+    x is seconds since the earliest start. Marks are dotted lines in their rank's colour, gaps
+    break the line.
+
+    Args:
+        recordings: ``Recording`` objects, or the JSON/CSV files they were saved to.
+        path: The PNG file to write (``.png``), in a folder that exists.
+        figure: The ``Sample`` field drawn per rank; None (default): the first of
+            ``process_used``, ``allocated``, ``reserved``, ``device_used``, ``host_rss`` that
+            every recording has (else that any has).
+        title: The plot's title; None (default): how many recordings and the figure.
+        figsize: Width and height in inches (default ``(10.0, 5.0)``).
+        dpi: Pixels per inch (default 100).
+
+    Returns:
+        The PNG's path, the figure drawn, each line's label, rank and file, and notes on what
+        did not match between the recordings.
+
+    Raises:
+        ConfigError: ``path`` is not a PNG path in a folder that exists, ``recordings`` is not a
+            list of recordings or files, a file is not a recording, or ``figure`` is unknown.
+        BackendUnavailable: matplotlib is not installed.
+
+    Example:
+        ```python
+        # each rank: m.to_json(unimem.rank_path("memory.json"))
+        unimem.plot_recordings(["memory.rank0.json", "memory.rank1.json"], "ranks.png")
+        ```
+    """
+    target = _target(path, ".png")
+    loaded = _loaded(recordings)
+    return plot_ranks(loaded, target, figure=figure, title=title, figsize=figsize, dpi=dpi)
+
+
+class Recorder:
+    """What every maker of a ``Recording`` offers (``Monitor``, ``MemoryHook``): its recording
+    saved as CSV, JSON or a PNG timeline, each written by the ``Recording`` itself."""
+
+    @property
+    def recording(self) -> Recording:
+        """The run so far as a ``Recording``."""
+        raise NotImplementedError
+
+    def to_csv(self, path: str | os.PathLike[str]) -> Path:
+        """Save the recording as CSV (see ``Recording.to_csv``).
+
+        Args:
+            path: The file to write, in a folder that exists, named with the format's suffix.
+
+        Returns:
+            The path written.
+        """
+        return self.recording.to_csv(path)
+
+    def to_json(self, path: str | os.PathLike[str]) -> Path:
+        """Save the recording as JSON (see ``Recording.to_json``); ``load_recording`` reads it back.
+
+        Args:
+            path: The file to write, in a folder that exists, named with the format's suffix.
+
+        Returns:
+            The path written.
+        """
+        return self.recording.to_json(path)
+
+    def plot(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        title: str | None = None,
+        figsize: tuple[float, float] = (10.0, 5.0),
+        dpi: int = 100,
+    ) -> Path:
+        """Save the recording as a PNG timeline (see ``Recording.plot``).
+
+        Args:
+            path: The file to write, in a folder that exists, named with the format's suffix.
+            title: The plot's title; None (default): the backend and device.
+            figsize: Width and height in inches (default ``(10.0, 5.0)``).
+            dpi: Pixels per inch (default 100).
+
+        Returns:
+            The path written.
+        """
+        return self.recording.plot(path, title=title, figsize=figsize, dpi=dpi)
