@@ -79,80 +79,31 @@ def configure(
 ) -> Applied:
     """Say what memory behaviour you want; unimem makes each framework do it.
 
-    Everything is validated before anything changes. A setting whose moment has
-    passed (the framework already started) raises ``TooLateError``; with
-    ``strict=False`` it is skipped with a ``UnimemWarning`` instead. The returned
-    ``Applied`` says, per backend and setting, how it was applied and what waits
-    for the framework to start. Call it before the framework's import or first op.
-
-    When several frameworks share the process and ``growth`` is not given, growth is turned on for
-    a framework that would otherwise preallocate most of the device (unless its preallocation
-    variable is set, or growth was given in an earlier call); the ``Action``'s note says so, and
-    ``growth=False`` keeps preallocation.
-
-    Calls add up: a setting stays in force until a later call for the same backend replaces it
-    (``Action.replaced`` says what it replaced; ``unimem.configuration()`` reads what is in
-    force). A call is validated against what is in force as one call is against itself: the
-    shares of one device add up across calls, a backend's settings must still combine, and
-    ``devices``, one ``CUDA_VISIBLE_DEVICES`` for the process, must agree. A share given with
-    ``backend="auto"`` before any framework is imported is for whichever one the script uses:
-    it counts once that framework is imported. Under a launcher every call pins the rank the
-    same way (a call without ``devices`` keeps an earlier ``"per-rank"``, or earlier devices
-    chosen); ``configuration()`` shows the pin.
+    Call it before the framework's import or first operation. Everything is validated before anything
+    changes; an argument left None keeps what is in force, and calls add up. How to use it:
+    [Configure](../guides/configure.md); why the moment matters:
+    [When each framework reads its settings](../explanation/settings-timing.md).
 
     Args:
-        backend: ``"auto"`` (default) takes the frameworks already imported; when none is, every
-            installed framework gets the settings it can take before import (a setting one cannot
-            take is skipped if another can); nothing is imported to find out. Or a name or alias
-            (``"torch"``, ``"tf"``, ``"jax"``, ``"cupy"``, a plug-in's), or a list of names.
-        fraction: The cap as a share of device memory, in (0, 1]; or a per-backend mapping such
-            as ``{"torch": 0.5, "jax": 0.3}`` (adding up to at most 1; with ``"auto"`` its keys name
-            the backends). Excludes ``limit``. None (default) leaves the cap as it is.
-        limit: The cap in bytes: an ``int`` or a size such as ``"8GiB"``, ``"512MB"``, ``"1.5 GB"``;
-            or a per-backend mapping. Excludes ``fraction``. None (default) leaves it as it is.
-        growth: True allocates on demand, False preallocates the allowance; None (default) leaves
-            it as it is (but see the shared-process default above).
-        allocator: ``"default"``, ``"async"`` (cudaMallocAsync), ``"expandable"`` (expandable
-            segments) or ``"uncached"`` (memory returns on free); None (default): as it is.
-        devices: The device indices the framework may see (``CUDA_VISIBLE_DEVICES`` semantics, counted
-            among those this process can already see), an ``int`` or a list; None (default): as they are,
-            and under a launcher (torchrun, SLURM, MPI) each rank is pinned to its own GPU by the
-            framework's device call at start (an action ``"pin"``; ranks sharing a GPU split a
-            ``fraction``); ``"per-rank"``: pinned through ``CUDA_VISIBLE_DEVICES`` instead (the rank
-            then sees its GPU as device 0). See ``unimem.ranks``.
-        strict: True (default) raises for a setting too late or unsupported; False skips it with a
-            ``UnimemWarning`` and a ``"skipped"`` action.
+        backend: ``"auto"`` (default: the imported frameworks, else every installed one), a name or alias, or a list.
+        fraction: The cap as a share of device memory in (0, 1], or per backend: ``{"torch": 0.5, "jax": 0.3}``.
+        limit: The cap in bytes, or a size such as ``"8GiB"``, or per backend; excludes ``fraction``.
+        growth: True allocates on demand, False preallocates ([frameworks sharing a process](../guides/frameworks.md)).
+        allocator: ``"default"``, ``"async"``, ``"expandable"`` or ``"uncached"``.
+        devices: The device indices the framework may see, or ``"per-rank"`` under a launcher.
+        strict: True (default) raises for a setting too late or unsupported; False skips it with a warning.
 
     Returns:
-        An ``Action`` per backend and setting, with its method (``"api"``, ``"env"``, ``"hook"``)
-        and status (``"applied"``, ``"pending"``, ``"unchanged"``, ``"skipped"``, or
-        ``"no-device"``: this host has no GPU for it to act on, as the framework or, before its
-        import, NVML's device count says); ``str()`` is a table. Where NVML cannot count GPUs
-        (no NVIDIA driver loaded) a setting waiting for the framework stays ``"pending"`` and
-        ``Applied.note`` says so.
+        An ``Action`` per backend and setting, with its method and status; ``str()`` is a table.
 
     Raises:
-        ConfigError: An argument is invalid (``exc.parameter`` names it): an unknown or repeated
-            backend, a share outside (0, 1] or adding up to more than 1 (with the shares in force
-            from earlier calls, and counting a share given to several named backends once for
-            each), ``fraction`` with ``limit``, a split naming a backend not configured, an
-            unreadable size or allocator, bad or hidden device indices, ``devices`` other than
-            another backend's in force, ``devices`` that would renumber the GPUs under the rank's pin
-            from an earlier call, a combination the backend cannot take (TensorFlow's growth with a
-            cap, also beside a setting from an earlier call). Nothing is changed.
-        BackendUnavailable: A named framework is not installed, or ``"auto"`` finds none; the
-            message says what to ``pip install``.
-        UnsupportedFeature: With ``strict=True``, a backend can never make a setting (see
-            ``capabilities()``); ``"nvml"`` takes no setting, whatever ``strict`` says.
-        TooLateError: With ``strict=True``, a setting's moment has passed (framework imported or
-            started): call ``configure`` earlier, restart the process, or pass ``strict=False``.
+        ConfigError: An argument is invalid, alone or beside the settings in force (``exc.parameter`` names it).
+        BackendUnavailable: A named framework is not installed, or ``"auto"`` finds none.
+        UnsupportedFeature: With ``strict=True``, a backend can never make a setting; ``"nvml"`` takes none.
+        TooLateError: With ``strict=True``, a setting's moment has passed: call ``configure`` earlier.
 
     Warns:
-        UnimemWarning: For each setting skipped (with ``strict=False``, one too late or unsupported)
-            or with no device to act on, the action's note says why; for each that replaces a
-            setting of an earlier call, what it replaced. Where ``backend="auto"`` gave the settings
-            to every installed framework (none imported yet), what concerns one framework is warned
-            when the script imports it, and not at all if it never does.
+        UnimemWarning: A setting skipped, with no device to act on, or replacing one of an earlier call.
 
     Example:
         ```python
@@ -359,25 +310,15 @@ def _safe_growth_default(
 
 
 def configure_from_env() -> Applied:
-    """Run ``configure`` with the settings in ``UNIMEM_*`` environment variables.
+    """Run ``configure`` with the settings in ``UNIMEM_*`` environment variables (``strict=True``).
 
-    Reads ``UNIMEM_BACKEND``, ``UNIMEM_FRACTION``, ``UNIMEM_LIMIT``, ``UNIMEM_GROWTH``,
-    ``UNIMEM_ALLOCATOR`` and ``UNIMEM_DEVICES``; a variable unset or empty leaves its
-    setting as it is (``configure``'s default), and ``strict`` is True.
-
-    - ``UNIMEM_BACKEND``: a name, or names separated by commas (``"torch,jax"``).
-    - ``UNIMEM_FRACTION`` / ``UNIMEM_LIMIT``: a value, or split per backend:
-      ``UNIMEM_FRACTION="torch=0.5,jax=0.3"``, ``UNIMEM_LIMIT="torch=8GiB"``.
-    - ``UNIMEM_GROWTH``: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``.
-    - ``UNIMEM_ALLOCATOR``: one of ``configure``'s allocators.
-    - ``UNIMEM_DEVICES``: indices separated by commas (``"0,1"``).
+    The variables and how to write them: [From the environment](../guides/configure.md#from-the-environment).
 
     Returns:
         What was done, as ``configure`` returns it.
 
     Raises:
-        ConfigError: A variable cannot be read or holds an invalid setting; errors name
-            the variable (``exc.parameter == "UNIMEM_FRACTION"``), not the argument.
+        ConfigError: A variable cannot be read or holds an invalid setting; the error names the variable.
         BackendUnavailable: As from ``configure``: a named framework is not installed.
         UnsupportedFeature: As from ``configure``: a backend can never make a setting.
         TooLateError: As from ``configure``: a setting's moment has passed.
@@ -400,34 +341,23 @@ def configure_from_env() -> Applied:
 
 
 def stats(backend: str | None = None, device: int = 0, *, nvml: bool = True) -> MemoryStats:
-    """Memory of ``device`` as ``backend`` and NVML see it; unknown figures are None.
+    """Memory of ``device`` as ``backend`` and NVML see it; unknown figures are None, never 0.
 
-    Never starts a framework's device runtime: before it started, its figures are None.
-    ``host_rss`` is this process's resident host memory, apart from the device figures.
-    ``nvml=False`` reads the framework's own counters only (device, process and host figures
-    are then None): NVML's per-process query costs tens of µs, too much for a hot loop.
-    ``backend=None`` follows the query rule (``unimem.registry``): the framework named in
-    ``configure()``, else the one whose device runtime started, else the framework-free
-    view (NVML; on a host without a driver, only ``host_rss`` is known).
+    Starts no framework's device runtime. The fields, and what ``nvml=False`` leaves out:
+    [The figures now](../guides/observing-memory.md#the-figures-now-stats); which backend ``None`` reads:
+    [the ``backend=None`` rule](../explanation/backend-rule.md).
 
     Args:
-        backend: A backend name or alias (``"torch"``, ``"tf"``, ``"jax"``, ``"cupy"``,
-            ``"nvml"``), or None (default) for the query rule above.
+        backend: A backend name or alias (``"torch"``, ``"tf"``, ``"jax"``, ``"cupy"``, ``"nvml"``), or None (default).
         device: The device index, as the backend counts devices (default 0).
-        nvml: True (default) adds NVML's device and per-process figures and ``host_rss``;
-            False reads the framework's counters only, for hot loops.
+        nvml: True (default) adds NVML's figures and ``host_rss``; False reads the framework's counters only.
 
     Returns:
-        The snapshot: byte counts as ``int``, or None where unknown (never 0).
+        The snapshot: byte counts as ``int``, or None where unknown.
 
     Raises:
-        ConfigError: ``device`` is not an index of 0 or more (or the started framework
-            has no such device), ``nvml`` is not a bool, ``backend`` is unknown, or, with
-            ``backend=None``, two frameworks were named to ``configure()`` or have started:
-            pass ``backend=`` one of them.
-        BackendUnavailable: The named backend's framework is not installed, or
-            ``backend="nvml"`` was asked for explicitly and NVML cannot be loaded (with
-            ``backend=None`` the framework-free view answers Nones instead).
+        ConfigError: ``device``, ``nvml`` or ``backend`` is invalid, or ``backend=None`` finds two candidates.
+        BackendUnavailable: The named framework is not installed, or ``"nvml"`` was named and cannot be loaded.
 
     Example:
         ```python
