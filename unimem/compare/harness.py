@@ -1,20 +1,8 @@
 """``unimem compare``: the same workloads in every installed framework, side by side.
 
-Each (framework, workload, configuration) runs in a fresh process (settings are
-process-global and peaks must not mix), one after another (so they never share the
-device). Figures a machine cannot give are None: without a GPU there are no device
-figures, and the host memory of the process (peak RSS) is reported instead.
-
-The configurations ``remat`` and ``offload`` run every block of the workload (an MLP layer;
-the transformer's attention and MLP halves) under ``unimem.remat`` with policy ``"full"`` or
-``"offload"`` (``unimem.compare.workloads.forward_in_blocks``); a framework that cannot do the policy gives a row that
-says unsupported, with the reason.
-
-Every run first takes one tiny step of each compared configuration's path, so that what a
-framework imports on first use weighs on every row alike (``unimem.compare.worker``). Step
-times are the median of the timed steps, with their min, max and quartiles; the times are
-said not to be comparable when the machine was loaded (a load average above its cores) or a
-run's steps spread widely (``timing_notes``).
+Each (framework, workload, configuration) runs in a fresh process (``unimem.compare.worker``),
+one after another; figures a machine cannot give are None. The configurations, the warm-up and
+when step times are not comparable: docs/guides/compare.md.
 """
 
 from __future__ import annotations
@@ -224,12 +212,25 @@ def compare(
     progress: Callable[[str], None] | None = None,
     on_result: Callable[[Comparison], None] | None = None,
 ) -> Comparison:
-    """Run every workload under every configuration in each framework; return the figures.
+    """Run every workload under every configuration in each framework, each run in a fresh process.
 
-    Each run is a fresh process that first takes one tiny step of every configuration in
-    ``configs`` (what a framework imports on first use weighs on every row alike), then times
-    ``steps`` steps after two untimed ones. ``timing_notes`` says when the step times are not
-    comparable (a loaded machine, widely spread steps).
+    See docs/guides/compare.md for the configurations, the warm-up and when times are comparable.
+
+    Args:
+        frameworks: Framework names; None (default): every installed one that runs the workloads.
+        workloads: ``"mlp"``, ``"transformer"`` (default both).
+        configs: Configurations from ``CONFIGS`` (default all).
+        size: ``"small"`` (default) or ``"large"``.
+        steps: Timed steps per run, after two untimed ones (default 5).
+        timeout: Seconds a run may take before its row says it timed out (default 600).
+        progress: Called with ``"framework · workload · config"`` as each run starts.
+        on_result: Called with the comparison so far after each run (to save as it goes).
+
+    Returns:
+        The comparison: every run's figures and the machine they ran on.
+
+    Raises:
+        ConfigError: A framework, workload, configuration, size or step count is unknown or invalid.
     """
     runners = _runners()
     names = [registry.canonical_name(f, parameter="frameworks") for f in frameworks] if frameworks else None
