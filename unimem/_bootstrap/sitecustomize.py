@@ -1,10 +1,8 @@
 """Startup hook for ``unimem run``: applies UNIMEM_* settings in every Python the command starts.
 
-``unimem run`` puts this folder first on PYTHONPATH, so Python imports this file at
-start-up (before the script). Env-based settings are already in the environment; what
-only an API call can make (torch's fraction cap, TF's memory_limit) is made here, by
-hooks that fire when the script imports the framework. A ``sitecustomize`` the
-environment had before is still run afterwards.
+``unimem run`` puts this folder first on PYTHONPATH, so Python imports this file before the script;
+``configure_from_env()`` here makes the API-only settings, and an earlier ``sitecustomize`` still
+runs afterwards. See docs/guides/frameworks.md#an-unmodified-script-unimem-run.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """``unimem run``: apply a configuration to a command that was not written for unimem.
 
-The configuration is validated and applied in this process first (a bad value fails
-before the command starts). Variables the frameworks read go into the environment;
-UNIMEM_* variables and a ``sitecustomize`` startup hook on PYTHONPATH carry the
-API-only settings into every Python the command starts. Then this process *becomes*
-the command (``execvpe``): its argv arrives verbatim (no shell), and its exit status
-and signals are the command's own.
+Configure this process, put UNIMEM_* variables and the ``sitecustomize`` startup hook into the
+command's environment, then become the command (``execvpe``). What the user sees:
+docs/guides/frameworks.md#an-unmodified-script-unimem-run.
 """
 
 from __future__ import annotations
