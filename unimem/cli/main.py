@@ -1,4 +1,7 @@
-"""The ``unimem`` command: info, stats, matrix (also ``python -m unimem``)."""
+"""The ``unimem`` command (also ``python -m unimem``): info, stats, run, compare, watch, plot, matrix.
+
+What each command reads and prints, and its exit statuses: docs/guides/command-line.md.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ def _nvml_devices() -> tuple[list[dict[str, Any]], str]:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="unimem")
 def main() -> None:
-    """One GPU-memory API for PyTorch, TensorFlow and JAX, with NVML as ground truth."""
+    """One GPU-memory API for PyTorch, TensorFlow, JAX and CuPy, with NVML as ground truth."""
 
 
 @main.command()
