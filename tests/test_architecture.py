@@ -6,6 +6,7 @@
   registry's table;
 - no ``_``-prefixed name is imported or reached across the boundary between ``unimem/``
   and ``backends/``;
+- no ``_``-prefixed name is imported or reached from another module of the front;
 - no import cycle among the modules of ``unimem`` and ``unimem.backends``, imports inside
   functions included (``if TYPE_CHECKING:`` blocks excepted);
 - no function is much over 80 lines.
@@ -253,6 +254,100 @@ def test_no_private_name_crosses_the_boundary(source):
     else:
         bad = _crossing(source, "unimem.backends")
     assert not bad, f"{source.rel} reaches private names across the boundary: " + "; ".join(bad)
+
+
+FRONT_MODULES = {s.module for s in ALL if s.path.is_relative_to(FRONT)}
+
+
+def _front_module(name: str) -> bool:
+    return name in FRONT_MODULES and not name.startswith("unimem.backends")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of names and attributes; None for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def _private_reaches(source: Source) -> list[str]:
+    """``_``-prefixed names ``source`` imports from, or reaches in, another module of the front.
+
+    Imports inside ``if TYPE_CHECKING:`` count too: a private name is private to its module.
+    """
+    package = source.module if source.is_package else source.module.rpartition(".")[0]
+    bound: dict[str, str] = {}  # local name -> the front module it is bound to
+    bad: list[tuple[int, str]] = []
+    for node in ast.walk(source.tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _front_module(alias.name):
+                    local = alias.asname or alias.name.split(".")[0]
+                    bound[local] = alias.name if alias.asname else local
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if not _front_module(base) or base == source.module:
+                continue
+            for alias in node.names:
+                if _private(alias.name):
+                    bad.append((node.lineno, f"from {base} import {alias.name}"))
+                elif _front_module(f"{base}.{alias.name}"):
+                    bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+    for node in ast.walk(source.tree):
+        if not isinstance(node, ast.Attribute) or not _private(node.attr):
+            continue
+        reached = _dotted(node.value)
+        if reached is None:
+            continue
+        head, _, rest = reached.partition(".")
+        module = bound.get(head)
+        if module is not None:
+            module = f"{module}.{rest}" if rest else module
+            if _front_module(module) and module != source.module:
+                bad.append((node.lineno, f"{module}.{node.attr}"))
+    return [f"line {line}: {text}" for line, text in sorted(bad)]
+
+
+@pytest.mark.parametrize("source", [s for s in ALL if s.path.is_relative_to(FRONT)], ids=lambda s: s.rel)
+def test_no_private_name_crosses_the_fronts_modules(source):
+    """A ``_`` name is its module's own: one another module needs loses the underscore (or moves)."""
+    bad = _private_reaches(source)
+    assert not bad, f"{source.rel} reaches private names of other modules: " + "; ".join(bad)
+
+
+def test_the_private_name_rule_catches_a_crossing():
+    code = (
+        "import unimem.observe.monitor\nimport unimem.api as api_module\nfrom unimem import api\n"
+        "from unimem.observe import recording\nfrom unimem.diagnose.recognise import _message, framework_of\n"
+        "from . import _nothing\nfrom .monitor import _check_interval\n"
+        "api._lock\napi_module._lock\nrecording._target('x', '.png')\nunimem.observe.monitor._check_interval\n"
+        "framework_of._cache\nself._own\n_local._name\napi.__name__\n"
+    )
+    source = Source(FRONT / "observe" / "made_up.py", "unimem.observe.made_up", ast.parse(code))
+    assert _private_reaches(source) == [
+        "line 5: from unimem.diagnose.recognise import _message",
+        "line 6: from unimem.observe import _nothing",
+        "line 7: from unimem.observe.monitor import _check_interval",
+        "line 8: unimem.api._lock",
+        "line 9: unimem.api._lock",
+        "line 10: unimem.observe.recording._target",
+        "line 11: unimem.observe.monitor._check_interval",
+    ]
+    own = Source(
+        FRONT / "api.py", "unimem.api", ast.parse("from unimem.api import _lock\nimport unimem.api\nunimem.api._lock\n")
+    )
+    assert _private_reaches(own) == [], "a module may reach its own private names"
 
 
 def _graph() -> dict[str, set[str]]:
