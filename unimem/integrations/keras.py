@@ -1,27 +1,8 @@
 """A Keras 3 callback that records memory per batch and per epoch, whatever Keras runs on.
 
-Import it yourself (``import unimem`` never imports Keras)::
-
-    from unimem.integrations.keras import MemoryCallback  # or unimem.keras_callback
-
-    cb = MemoryCallback()
-    history = model.fit(x, y, epochs=3, callbacks=[cb])
-    history.history["mem_peak"]      # per epoch, on a GPU
-    cb.plot("memory.png")
-
-The unimem backend follows ``keras.backend.backend()``: TensorFlow, JAX or torch.
-Keys added to the logs (only those known here: Keras logs must be numbers, and an
-unknown figure is left out rather than sent as 0):
-
-- per batch (``per_batch=True``): ``mem_allocated``, ``mem_reserved``, ``mem_peak``
-  (the peak during the batch), ``mem_process`` (NVML), ``mem_host_rss`` and
-  ``mem_host_peak`` (this process's resident host memory at the end, and its peak during
-  the batch);
-- per epoch: the same, with ``mem_peak`` and ``mem_host_peak`` the peaks over the epoch.
-
-On the CPU only the host figures are known. A per-batch callback makes Keras run
-callbacks synchronously (it must read memory at the batch's end); ``per_batch=False``
-keeps Keras's asynchronous dispatch and records per epoch only.
+Import it yourself (``import unimem`` never imports Keras): ``from unimem.integrations.keras import
+MemoryCallback``. The keys it adds to the logs, and what per-batch recording costs:
+docs/guides/observing-memory.md#per-step-memoryhook-and-the-keras-callback.
 """
 
 from __future__ import annotations
@@ -66,7 +47,17 @@ def _figures(tracked: Tracked, host_rss: int | None) -> dict[str, int]:
 
 
 class MemoryCallback(keras.callbacks.Callback):
-    """Memory per batch and per epoch into the logs (see the module doc for the keys)."""
+    """Memory per batch and per epoch into Keras's logs (``mem_peak``, ``mem_host_rss``, ...), known figures only.
+
+    Args:
+        device: The device index, as the framework counts devices (default 0).
+        per_batch: True (default): figures per batch and per epoch; False: per epoch only, Keras stays asynchronous.
+        every: Record one batch in so many (default 1).
+        max_samples: Samples kept before the series is decimated, peaks kept (at least 100, default 20000).
+
+    Raises:
+        ConfigError: An argument is invalid, or Keras runs on a framework unimem has no allocator for.
+    """
 
     def __init__(self, device: int = 0, *, per_batch: bool = True, every: int = 1, max_samples: int = 20_000) -> None:
         super().__init__()
