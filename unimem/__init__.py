@@ -1,7 +1,8 @@
 """unimem: one GPU-memory API for PyTorch, TensorFlow, JAX and CuPy, with NVML as ground truth.
 
 ``import unimem`` imports no framework and no NVML. The public names are in ``__all__``:
-``configure`` and ``stats`` to start with; ``docs/api/`` documents every one.
+``configure`` and ``stats`` to start with. ``docs/guides/`` shows each task, ``docs/explanation/``
+says why, and ``docs/api/`` documents every name.
 """
 
 from __future__ import annotations
