@@ -352,21 +352,17 @@ def pin_steps(names: Sequence[str], settings: dict[str, Settings], *, devices: o
     among them: ``settings`` is updated in place, and the step's note says so. A pin is
     automatic, so it never refuses: where a framework cannot pin, its step is skipped.
 
-    Calls add up: one without ``devices`` keeps what an earlier call made (after ``"per-rank"``
-    it pins per rank again; after devices chosen, it pins nothing), so every call under the
-    launcher gives the same pin.
+    A call without ``devices`` keeps what an earlier call made, so every call under the launcher
+    gives the same pin (docs/guides/many-gpus.md#one-gpu-per-rank-the-pin).
 
     Args:
         names: The backends being configured.
         settings: Their settings, by name; a fraction is divided where ranks share a GPU.
-        devices: ``configure``'s ``devices`` argument; explicit indices mean the user chose and
-            nothing is pinned.
-        spread: The settings go to every installed framework (none imported yet): a framework
-            that cannot pin is left out when another can.
+        devices: ``configure``'s ``devices`` argument; explicit indices mean the user chose: nothing is pinned.
+        spread: The settings go to every installed framework: one that cannot pin is left out when another can.
 
     Returns:
         The steps, first among the plan's (empty when there is nothing to pin).
-
     """
     per_rank = _per_rank(devices)
     if devices is not None and not per_rank:
