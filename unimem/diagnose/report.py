@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from unimem import api, registry
+from unimem import registry
+from unimem.api import read_snapshot
 from unimem.diagnose.live_objects import LiveMemory, LiveObject, scan
 from unimem.diagnose.recognise import error_text, framework_of, requested_bytes
 from unimem.diagnose.rules import HIGH_FRAGMENTATION, Context, PoolUse, Suggestion, Traits, suggest
@@ -290,7 +291,7 @@ def _pool_figures(
     if framework is None or not registry.is_framework(framework):
         return None, None
     try:
-        snapshot = api.stats(framework, device)
+        snapshot = read_snapshot(framework, device)
     except Exception as exc:
         notes.append(f"stats: {exc}")
     try:
@@ -321,7 +322,7 @@ def _other_pools(framework: str | None, device: int, in_use: list[str], notes: l
         if name == framework:
             continue
         try:
-            other = api.stats(name, device)
+            other = read_snapshot(name, device)
         except Exception as exc:
             notes.append(f"{name} stats: {exc}")
             continue

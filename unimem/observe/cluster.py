@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from unimem import ranks, registry
-from unimem.api import stats
+from unimem.api import read_snapshot
 from unimem.config import check_device
 from unimem.errors import ClusterError, ConfigError, UnimemWarning
 from unimem.memory_stats import MemoryStats
@@ -314,7 +314,8 @@ def cluster_stats(
     if snapshot is not None and not isinstance(snapshot, MemoryStats):
         raise ConfigError("snapshot", f"expected a MemoryStats (from unimem.stats()), got {type(snapshot).__name__}")
     if snapshot is None:
-        snapshot = stats(backend, ranks.local_device() if device is None else check_device(device))
+        where = ranks.local_device() if device is None else check_device(device)
+        snapshot = read_snapshot(registry.resolve(backend, "query"), where)
     info = ranks.rank_info(runtime=False)
     found = _transport()
     if found is None:

@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from unimem import ranks, registry
+from unimem.api import read_snapshot
 from unimem.config import check_device
 from unimem.errors import BackendUnavailable, ConfigError, NoFigures, UnimemError
 from unimem.memory_stats import MemoryStats
@@ -58,7 +59,7 @@ from unimem.observe.recording import (
     counted,
     merge_samples,
 )
-from unimem.observe.track import read_stats, resolve_query
+from unimem.observe.track import resolve_query
 
 __all__ = ["MIN_FRAMEWORK_INTERVAL", "MIN_INTERVAL", "Monitor", "check_interval", "counter_reader", "monitor"]
 
@@ -233,7 +234,7 @@ class Monitor(Recorder):
             raise UnimemError("this monitor was already started; create a new unimem.monitor() for another run")
         name = resolve_query(self._requested)  # None: no framework in use, the framework-free view
         try:
-            self.start_stats = read_stats(name, self.device)
+            self.start_stats = read_snapshot(name, self.device)
         except BackendUnavailable as exc:
             if self._requested is not None:
                 raise
@@ -366,7 +367,7 @@ class Monitor(Recorder):
             self._prometheus = None
         self._stopped = time.time()
         if self.backend is not None:
-            self.end_stats = read_stats(self.backend, self.device)
+            self.end_stats = read_snapshot(self.backend, self.device)
         if self._device_error_count:
             first = self._device_errors[0] if self._device_errors else "?"
             self._notes.append(

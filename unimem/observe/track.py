@@ -38,7 +38,7 @@ from unimem.memory_stats import MemoryStats
 from unimem.sizes import format_bytes
 from unimem.support import Level
 
-__all__ = ["Tracked", "read_stats", "resolve_query", "track"]
+__all__ = ["Tracked", "resolve_query", "track"]
 
 MODE_RESET = "reset"  # the framework resets its peak: exact, nestable
 MODE_COMPARE = "compare"  # peak cannot be reset: exact if it rose, else a lower bound
@@ -53,12 +53,6 @@ def resolve_query(backend: str | None) -> str | None:
     return registry.resolve(backend, "query")
 
 
-def read_stats(name: str | None, device: int) -> MemoryStats:
-    """A full ``MemoryStats`` of ``name`` with ``host_rss``; None reads the framework-free view
-    (only the host figure without a driver)."""
-    return read_snapshot(name, device)
-
-
 def resolve_backend(backend: str | None) -> tuple[str, bool]:
     """``(name, fallback)``: the name a block reports, and whether it is the framework-free view."""
     name = resolve_query(backend)
@@ -66,7 +60,7 @@ def resolve_backend(backend: str | None) -> tuple[str, bool]:
 
 
 def _read(name: str, device: int, fallback: bool) -> MemoryStats:
-    return read_stats(None if fallback else name, device)
+    return read_snapshot(None if fallback else name, device)
 
 
 def _peak_mode(name: str, fallback: bool) -> str:
