@@ -13,9 +13,9 @@ from typing import Any
 
 import keras
 
-from ..errors import ConfigError
-from ..hook import MemoryHook
-from ..tracking import Tracked
+from unimem.errors import ConfigError
+from unimem.observe.hook import MemoryHook
+from unimem.observe.track import Tracked
 
 __all__ = ["MemoryCallback", "keras_backend"]
 
