@@ -17,6 +17,7 @@ from unimem.memory_stats import MemoryStats, with_host_rss
 from unimem.support import Support
 
 if TYPE_CHECKING:
+    from unimem.backends.base import Backend
     from unimem.backends.steps import Step
 
 __all__ = [
@@ -376,7 +377,14 @@ def read_snapshot(name: str | None, device: int, *, nvml: bool = True) -> Memory
     """``name``'s snapshot (None: the framework-free view), with ``host_rss`` unless ``nvml=False``."""
     if name is None:
         return framework_free_stats(device)
-    snapshot = registry.get_backend(name).stats(device, nvml=nvml)
+    return adapter_stats(registry.get_backend(name), device, nvml=nvml)
+
+
+def adapter_stats(adapter: Backend, device: int, *, nvml: bool = True) -> MemoryStats:
+    """What ``stats()`` answers for an adapter already resolved and a device already checked: the
+    adapter's snapshot, with ``host_rss`` unless ``nvml=False``. Internal code that holds the
+    adapter (the batch search) reads through it, so nothing is validated or resolved twice."""
+    snapshot = adapter.stats(device, nvml=nvml)
     return with_host_rss(snapshot, host_memory.rss()) if nvml else snapshot
 
 

@@ -592,23 +592,24 @@ class LeakyPool:
             raise MemoryError(f"RESOURCE_EXHAUSTED: out of memory allocating {need} bytes")
         self.peak = max(self.peak, self.in_use + need)
 
-    def stats(self, backend: str | None = None, device: int = 0, **_: Any) -> unimem.MemoryStats:
+    def stats(self, device: int = 0, *, nvml: bool = True) -> unimem.MemoryStats:
         return unimem.MemoryStats(
             backend="jax", device=device, allocated=self.in_use, peak_allocated=self.peak, limit=self.cap
         )
 
-    def reset_peak(self, backend: str | None = None, device: int = 0) -> None:
+    def reset_peak(self, device: int = 0) -> None:
         self.peak = self.in_use
 
-    def clear_cache(self, backend: str | None = None, device: int = 0) -> int:
+    def clear_cache(self, device: int = 0) -> int:
         return 0
 
     def serve(self, monkeypatch: Any) -> None:
-        """Answer unimem's stats(), reset_peak() and clear_cache() for the test's duration."""
-        from unimem import api
+        """Answer the JAX and torch adapters' stats(), reset_peak() and clear_cache() for the test's duration."""
+        from unimem import registry
 
-        for name in ("stats", "reset_peak", "clear_cache"):
-            monkeypatch.setattr(api, name, getattr(self, name))
+        for framework in ("jax", "torch"):
+            for name in ("stats", "reset_peak", "clear_cache"):
+                monkeypatch.setattr(registry.get_backend(framework), name, getattr(self, name))
 
 
 def test_memory_a_failed_trial_leaves_in_use_is_measured_reported_and_avoided(monkeypatch: Any) -> None:
@@ -636,6 +637,28 @@ def test_memory_a_failed_trial_leaves_in_use_is_measured_reported_and_avoided(mo
         pool.step(search.batch_size)
 
 
+def test_each_trial_reads_the_adapter_the_search_holds(monkeypatch: Any) -> None:
+    # The search resolves its framework once: its trials read that adapter, never the public
+    # functions, which would check the arguments and resolve the backend again on every trial.
+    from unimem import api
+
+    pool = LeakyPool(state=0, per_sample=1, cap=3000)
+    pool.serve(monkeypatch)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the search called a public function of unimem.api")
+
+    for name in ("stats", "reset_peak", "clear_cache"):
+        monkeypatch.setattr(api, name, refuse)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", unimem.UnimemWarning)
+        search = unimem.find_batch_size(pool.step, start=32, backend="jax", return_trials=True)
+    assert 0.95 * 3000 <= search.batch_size <= 3000
+    # The snapshots around the search are still what stats() answers: the host's figure included.
+    assert search.before is not None and search.before.host_rss is not None
+    assert search.after is not None and search.after.host_rss is not None
+
+
 class UnresettablePeak(LeakyPool):
     """JAX's figures: the peak is the process's, so ``reset_peak`` only remembers it, and a
     trial that stays below it reads None (as unimem's JAX backend reports it)."""
@@ -644,13 +667,13 @@ class UnresettablePeak(LeakyPool):
         super().__init__(state, per_sample, cap)
         self.mark: int | None = None
 
-    def stats(self, backend: str | None = None, device: int = 0, **_: Any) -> unimem.MemoryStats:
-        figures = super().stats(backend, device)
+    def stats(self, device: int = 0, *, nvml: bool = True) -> unimem.MemoryStats:
+        figures = super().stats(device)
         if self.mark is not None and self.peak <= self.mark:
             return unimem.MemoryStats(backend="jax", device=device, allocated=self.in_use, limit=self.cap)
         return figures
 
-    def reset_peak(self, backend: str | None = None, device: int = 0) -> None:
+    def reset_peak(self, device: int = 0) -> None:
         self.mark = self.peak
 
 

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import unimem
-from unimem import api
+from unimem import api, registry
 from unimem.search import runner, state
 from unimem.search.progress import Progress
 from unimem.search.rules import knee, saturation_note
@@ -125,22 +125,22 @@ class FlatPool:
             raise MemoryError("RESOURCE_EXHAUSTED: out of memory")
         self.peak = natural if natural <= self.target else self.target + (natural - self.target) // 20
 
-    def stats(self, backend: str | None = None, device: int = 0, **_: Any) -> unimem.MemoryStats:
+    def stats(self, device: int = 0, *, nvml: bool = True) -> unimem.MemoryStats:
         return unimem.MemoryStats(
             backend=self.framework, device=device, allocated=0, peak_allocated=self.peak, limit=self.cap
         )
 
-    def reset_peak(self, backend: str | None = None, device: int = 0) -> None:
+    def reset_peak(self, device: int = 0) -> None:
         self.peak = 0
 
-    def clear_cache(self, backend: str | None = None, device: int = 0) -> int:
+    def clear_cache(self, device: int = 0) -> int:
         return 0
 
 
 def _flat_search(monkeypatch: pytest.MonkeyPatch, framework: str) -> unimem.BatchSizeSearch:
     pool = FlatPool(framework)
     for name in ("stats", "reset_peak", "clear_cache"):
-        monkeypatch.setattr(api, name, getattr(pool, name))
+        monkeypatch.setattr(registry.get_backend(framework), name, getattr(pool, name))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", unimem.UnimemWarning)
         return unimem.find_batch_size(pool.step, start=32, backend=framework, return_trials=True)

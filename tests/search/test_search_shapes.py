@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import unimem
-from unimem import api
+from unimem import api, registry
 from unimem.search import runner, state
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -139,7 +139,7 @@ class Device:
         last, self.last = self.last, None
         return last
 
-    def stats(self, backend: str | None = None, device: int = 0, **_: Any) -> unimem.MemoryStats:
+    def stats(self, device: int = 0, *, nvml: bool = True) -> unimem.MemoryStats:
         peak: int | None = self.peak
         if not self.resettable and self.mark is not None and self.peak <= self.mark:
             peak = None  # JAX: a peak below the process's peak so far reads None
@@ -158,30 +158,35 @@ class Device:
         """The pool's bytes and its largest free block; unknown unless a pool is simulated."""
         return None, None
 
-    def reset_peak(self, backend: str | None = None, device: int = 0) -> None:
+    def reset_peak(self, device: int = 0) -> None:
         if self.resettable:
             self.peak = self.held + self.kept
         else:
             self.mark = self.peak
 
-    def clear_cache(self, backend: str | None = None, device: int = 0) -> int:
+    def clear_cache(self, device: int = 0) -> int:
         return 0
 
 
 class Current:
-    """The device the patched ``api`` functions answer for."""
+    """The device the patched adapters answer for."""
 
     device: Device | None = None
 
 
 @pytest.fixture
 def simulated(monkeypatch: pytest.MonkeyPatch) -> Current:
-    """``api.stats``/``reset_peak``/``clear_cache`` answered by ``Current.device``, the search timed
-    by its clock, and no garbage collection per failure (nothing real is allocated: it only
-    costs time over thousands of searches)."""
+    """The JAX and torch adapters' ``stats``/``reset_peak``/``clear_cache`` answered by
+    ``Current.device``, the search timed by its clock, and no garbage collection per failure
+    (nothing real is allocated: it only costs time over thousands of searches)."""
     current = Current()
-    for name in ("stats", "reset_peak", "clear_cache"):
-        monkeypatch.setattr(api, name, lambda *a, _name=name, **k: getattr(current.device, _name)(*a, **k))
+
+    def answer(name: str) -> Any:
+        return lambda *a, **k: getattr(current.device, name)(*a, **k)
+
+    for framework in ("jax", "torch"):
+        for name in ("stats", "reset_peak", "clear_cache"):
+            monkeypatch.setattr(registry.get_backend(framework), name, answer(name))
     monkeypatch.setattr(runner, "clock", lambda: current.device.clock if current.device else 0.0)
     monkeypatch.setattr(state, "gc", types.SimpleNamespace(collect=lambda: 0))
     # A device the framework-free view shows: a blind search is not held to this machine's host memory.

@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from unimem import api, registry
+from unimem import registry
 from unimem.diagnose.guard import find_oom
 from unimem.errors import ConfigError, OutOfMemory, UnimemWarning
 from unimem.search.agreement import agree, agree_open
@@ -85,9 +85,9 @@ def _trial(step: Callable[[int], Any], run: Run, size: int, reason: str) -> None
     """One real call of ``step``, measured, released and recorded."""
     predicted = predicted_peak(run, size)
     in_use = None
-    if run.settings.measure is None and run.backend is not None:
-        api.reset_peak(run.backend, run.device)
-        in_use = api.stats(run.backend, run.device, nvml=False).allocated
+    if run.settings.measure is None and run.adapter is not None:
+        run.adapter.reset_peak(run.device)
+        in_use = run.adapter.stats(run.device, nvml=False).allocated
     if run.host_peaks is not None:
         run.host_peaks.begin()
     kept_before = run.kept_total

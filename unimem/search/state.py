@@ -118,7 +118,8 @@ def framework(settings: Settings) -> str | None:
 
 
 def take_snapshot(run: Run) -> MemoryStats | None:
-    return None if run.backend is None else api.stats(run.backend, run.device)
+    """What ``stats()`` says of the framework whose figures are read (None: none in use)."""
+    return None if run.adapter is None else api.adapter_stats(run.adapter, run.device)
 
 
 def capacity_of(run: Run, snapshot: MemoryStats | None) -> int | None:
@@ -226,7 +227,7 @@ def release(run: Run, *, failed: bool = False, final: bool = False) -> None:
         # elsewhere at the end only (clearing may drop compiled steps, or cannot free).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UnimemWarning)
-            api.clear_cache(run.backend, run.device)
+            run.adapter.clear_cache(run.device)
 
 
 def read_peak(run: Run) -> tuple[int | None, int | None, int | None]:
@@ -238,7 +239,7 @@ def read_peak(run: Run) -> tuple[int | None, int | None, int | None]:
         return run.host_peaks.read(), None, None
     if run.backend is None or run.adapter is None:
         return None, None, None
-    figures = api.stats(run.backend, run.device, nvml=False)
+    figures = run.adapter.stats(run.device, nvml=False)
     peak, peak_reserved = figures.peak_allocated, figures.peak_reserved
     overhead = None
     if peak is not None and peak_reserved is not None:
@@ -250,7 +251,7 @@ def read_kept(run: Run, in_use: int | None) -> int | None:
     """Bytes still in use after a failed trial was released, above those in use before it."""
     if in_use is None or run.adapter is None:
         return None
-    now = api.stats(run.backend, run.device, nvml=False).allocated
+    now = run.adapter.stats(run.device, nvml=False).allocated
     return None if now is None else max(0, now - in_use)
 
 
