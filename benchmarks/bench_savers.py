@@ -241,9 +241,9 @@ def child_search(spec: dict[str, Any], step: Callable[[int], None], lower: Any) 
     if lower is not None:
         kwargs["lower"] = lower
         if not spec["gpu"]:  # the CPU keeps no figures: hold the predictions against the simulated cap
-            from unimem.backends.jax.search import predict_peak
+            from unimem import registry
 
-            kwargs["limit"] = predict_peak(lower(CPU_CAP))
+            kwargs["limit"] = registry.get_backend("jax").search.predict_peak(lower(CPU_CAP))
     step(spec["start"])  # warm-up: state, kernels and handles exist before the search
     result = unimem.find_batch_size(step, start=spec["start"], backend=spec["framework"], return_trials=True, **kwargs)
     return {

@@ -310,10 +310,10 @@ def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
 
         kwargs["lower"] = timed_lower
         if not spec["gpu"]:  # the CPU keeps no figures: hold the predictions against the simulated cap
-            from unimem.backends.jax.search import predict_peak
+            from unimem import registry
 
             assert work.lower is not None
-            kwargs["limit"] = predict_peak(work.lower(spec["cpu_cap"]))
+            kwargs["limit"] = registry.get_backend("jax").search.predict_peak(work.lower(spec["cpu_cap"]))
     counted = Counted(work.step)
     result = unimem.find_batch_size(
         counted, start=spec["start"], backend=spec["framework"], return_trials=True, **kwargs

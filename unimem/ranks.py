@@ -186,7 +186,7 @@ def rank_info(environ: Mapping[str, str] | None = None, *, runtime: bool = True)
         return found
     if runtime:
         for name in registry.imported_frameworks():
-            store = registry.get_backend(name).distributed_store()
+            store = registry.get_backend(name).distributed.distributed_store()
             if store is not None:
                 return RankInfo(rank=store.rank, world_size=store.world_size, launcher=f"{name} runtime")
     return RankInfo()
@@ -381,12 +381,18 @@ def pin_steps(names: Sequence[str], settings: dict[str, Settings], *, devices: o
         if not per_rank:
             return []
         note = "no rank in this process's environment (one process per node, or no launcher): nothing to pin"
-        return [s for name in frameworks for s in registry.get_backend(name).plan_pin(None, per_rank=True, note=note)]
+        return [
+            s
+            for name in frameworks
+            for s in registry.get_backend(name).distributed.plan_pin(None, per_rank=True, note=note)
+        ]
     note = pin.note + _split_fraction(frameworks, settings, pin)
     if per_rank:
         note += f"; {_VISIBLE} shows this rank only its GPU, numbered 0: use device 0, not the local rank"
     steps = [
-        s for name in frameworks for s in registry.get_backend(name).plan_pin(pin.device, per_rank=per_rank, note=note)
+        s
+        for name in frameworks
+        for s in registry.get_backend(name).distributed.plan_pin(pin.device, per_rank=per_rank, note=note)
     ]
     if per_rank:
         _remember_visible(steps)

@@ -10,20 +10,19 @@ cupy is imported only inside methods, from ``sys.modules`` except where the user
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from functools import cached_property
 from typing import ClassVar
 
 from unimem.backends.base import Backend
 from unimem.backends.nvml import _gate as nvml_gate
 from unimem.backends.steps import Step
-from unimem.backends.topics import Counters, PrecisionHelpers
+from unimem.backends.topics import DiagnoseTopic, ObserveTopic, SearchTopic
 
 from unimem.config import Settings
-from unimem.errors import UnsupportedFeature
 from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
 
-from . import configure, diagnose, observe
+from . import configure, observe
 from ._pools import allocator_in_use, device_pools, runtime_started
 
 __all__ = ["CupyBackend"]
@@ -45,7 +44,7 @@ class CupyBackend(Backend):
     name = "cupy"
     module = "cupy"
     distributions = ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy")
-    error_modules = diagnose.ERROR_MODULES
+    error_modules = ("cupy", "cupy_backends")
     CAPABILITIES: ClassVar[dict[str, Support]] = {
         "fraction": Support(
             Level.NATIVE,
@@ -262,36 +261,21 @@ class CupyBackend(Backend):
         self._uuids[device] = uuid
         return uuid
 
-    # --- diagnosis (diagnose.py) ------------------------------------------------------
-    @classmethod
-    def recognises_oom(cls, exc: BaseException, message: str) -> bool:
-        return diagnose.recognises_oom(exc, message)
+    # --- topics (backends/cupy/<topic>.py, imported on first use) -----------------------------
+    @cached_property
+    def diagnose(self) -> DiagnoseTopic:
+        from .diagnose import CupyDiagnose
 
-    @classmethod
-    def requested_bytes(cls, message: str) -> tuple[int, str] | None:
-        return diagnose.requested_bytes(message)
+        return CupyDiagnose(self)
 
-    def oom_place(self, exc: BaseException, device: int, message: str) -> str | None:
-        return f"cuda:{device}"  # CuPy allocates on CUDA devices only, and its errors name none
+    @cached_property
+    def observe(self) -> ObserveTopic:
+        from .observe import CupyObserve
 
-    def place_spelling(self, place: str) -> str | None:
-        return diagnose.place_spelling(place)
+        return CupyObserve(self)
 
-    # --- observation (observe.py) ---------------------------------------------------------
-    def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
-        return observe.counter_reader(self, device)
+    @cached_property
+    def search(self) -> SearchTopic:
+        from .search import CupySearch
 
-    # --- batch-size search -----------------------------------------------------------------
-    peak_reset_exact: ClassVar[bool] = True  # the hook counts every malloc and free from the reset on
-    release_every_trial: ClassVar[bool] = True  # free_all_blocks() is cheap, and each peak starts clean
-
-    def search_capacity(self, snapshot: MemoryStats) -> int | None:
-        return observe.capacity(snapshot)
-
-    def pool_overhead(self, peak: int | None, peak_reserved: int | None) -> int:
-        """The cap bounds the pool's total bytes: its unused part at the peak counts against it."""
-        return 0 if peak is None or peak_reserved is None else max(0, peak_reserved - peak)
-
-    # --- mixed precision -----------------------------------------------------------------
-    def precision(self) -> PrecisionHelpers:
-        raise UnsupportedFeature("cupy", "precision", _NO_PRECISION)
+        return CupySearch(self)

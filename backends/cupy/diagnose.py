@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import re
 
-from unimem.backends.base import error_class_in
+from unimem.backends.base import Diagnose, error_class_in
 
-ERROR_MODULES = ("cupy", "cupy_backends")
 # The pool's error (a MemoryError): "Out of memory allocating 1,024 bytes (allocated so far: ...".
 _OOM_CLASSES = (("cupy", "OutOfMemoryError"),)
 # Errors of CUDA and its libraries, raised as such when no pool stands between: plain
@@ -26,23 +25,28 @@ _LIBRARY_OOM = re.compile(r"cudaErrorMemoryAllocation|STATUS_ALLOC_FAILED|CUFFT_
 _REQUESTED = re.compile(r"Out of memory allocating ([0-9,]+) bytes")
 
 
-def recognises_oom(exc: BaseException, message: str) -> bool:
-    """The pool's ``OutOfMemoryError``, or a CUDA/library error whose status is an allocation failure."""
-    if error_class_in(exc, _OOM_CLASSES):
-        return True
-    return error_class_in(exc, _LIBRARY_ERRORS) and bool(_LIBRARY_OOM.search(message))
+class CupyDiagnose(Diagnose):
+    """CuPy's side of a diagnosis (``DiagnoseTopic``): the pool's error and CUDA's allocation failures."""
 
+    def recognises_oom(self, exc: BaseException, message: str) -> bool:
+        """The pool's ``OutOfMemoryError``, or a CUDA/library error whose status is an allocation failure."""
+        if error_class_in(exc, _OOM_CLASSES):
+            return True
+        return error_class_in(exc, _LIBRARY_ERRORS) and bool(_LIBRARY_OOM.search(message))
 
-def requested_bytes(message: str) -> tuple[int, str] | None:
-    """The pool's message gives the request exactly, with thousands separators."""
-    if match := _REQUESTED.search(message):
-        return int(match.group(1).replace(",", "")), match.group(0)
-    return None
+    def requested_bytes(self, message: str) -> tuple[int, str] | None:
+        """The pool's message gives the request exactly, with thousands separators."""
+        if match := _REQUESTED.search(message):
+            return int(match.group(1).replace(",", "")), match.group(0)
+        return None
 
+    def oom_place(self, exc: BaseException, device: int, message: str) -> str | None:
+        """The report's device: CuPy allocates on CUDA devices only, and its errors name none."""
+        return f"cuda:{device}"
 
-def place_spelling(place: str) -> str:
-    """CuPy's arrays live on CUDA devices: ``cuda:N`` for any GPU."""
-    kind, _, index = place.partition(":")
-    if kind in ("cuda", "gpu"):
-        return f"cuda:{index or 0}"
-    return place
+    def place_spelling(self, place: str) -> str | None:
+        """CuPy's arrays live on CUDA devices: ``cuda:N`` for any GPU."""
+        kind, _, index = place.partition(":")
+        if kind in ("cuda", "gpu"):
+            return f"cuda:{index or 0}"
+        return place

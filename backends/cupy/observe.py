@@ -1,6 +1,6 @@
 """CuPy under observation: the pool's figures per device, its peaks, emptying it, the monitor's reader.
 
-Every read takes the per-device pool itself (``pools.device_pools``) or the async pool's
+Every read takes the per-device pool itself (``_pools.device_pools``) or the async pool's
 handle, so asking about device 1 never switches to it (a switch makes a CUDA context).
 cupy is never imported here: callers pass the module from ``sys.modules`` once it has started.
 """
@@ -10,19 +10,14 @@ from __future__ import annotations
 import gc
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-from unimem.backends.base import no_such_device
-
-from unimem.memory_stats import MemoryStats
+from unimem.backends.base import Observe, no_such_device
+from unimem.backends.topics import Counters
 
 from ._pools import ASYNC, POOL, PeakTracker, allocator_in_use, device_pools
 
-if TYPE_CHECKING:
-    from unimem.backends.base import Backend
-    from unimem.backends.topics import Counters
-
-__all__ = ["Figures", "Peaks", "capacity", "clear", "counter_reader", "device_count", "read", "reset_peak"]
+__all__ = ["CupyObserve", "Figures", "Peaks", "clear", "device_count", "read", "reset_peak", "uuid_text"]
 
 
 class Figures(NamedTuple):
@@ -136,29 +131,24 @@ def clear(cupy: types.ModuleType, device: int) -> int:
     return 0
 
 
-def counter_reader(backend: Backend, device: int) -> tuple[Callable[[], Counters] | None, str]:
-    """``(allocated, reserved)`` through ``stats(nvml=False)``: Nones until CuPy's pool has started."""
-
-    def reader() -> Counters:
-        snapshot = backend.stats(device, nvml=False)
-        return snapshot.allocated, snapshot.reserved
-
-    return reader, ""
-
-
-def capacity(snapshot: MemoryStats) -> int | None:
-    """The cap, and no more than the pool plus the device's free bytes: the pool can grow
-    only into what the device still has, whatever the cap says."""
-    bounds = [snapshot.limit]
-    if snapshot.reserved is not None and snapshot.device_free is not None:
-        bounds.append(snapshot.reserved + snapshot.device_free)
-    known = [b for b in bounds if b is not None]
-    return min(known) if known else None
-
-
 def uuid_text(raw: Any) -> str | None:
     """CUDA's 16-byte device UUID as NVML spells it (``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``)."""
     if not isinstance(raw, (bytes, bytearray)) or len(raw) != 16:
         return None
     text = bytes(raw).hex()
     return f"GPU-{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+class CupyObserve(Observe):
+    """CuPy under observation (``ObserveTopic``): the pool's counters; no profiler."""
+
+    peak_reset_exact = True  # the hook counts every malloc and free from the reset on
+
+    def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
+        """``(allocated, reserved)`` through ``stats(nvml=False)``: Nones until CuPy's pool has started."""
+
+        def reader() -> Counters:
+            snapshot = self.backend.stats(device, nvml=False)
+            return snapshot.allocated, snapshot.reserved
+
+        return reader, ""

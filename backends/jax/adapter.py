@@ -10,24 +10,30 @@ from __future__ import annotations
 import gc
 import sys
 import warnings
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from functools import cached_property
+from typing import Any, ClassVar
 
 from unimem.backends.base import Backend, no_such_device
 from unimem.backends.jax import _runtime as runtime
-from unimem.backends.jax import configure, diagnose
+from unimem.backends.jax import configure
 from unimem.backends.jax.configure import ALLOCATOR, PREALLOCATE
 from unimem.backends.nvml import _gate as nvml_gate
-from unimem.backends.steps import Step, env_step
-from unimem.backends.topics import Counters, KeyValueStore, PrecisionHelpers, Profiler
+from unimem.backends.steps import Step
+from unimem.backends.topics import (
+    AccumulationTopic,
+    DiagnoseTopic,
+    DistributedTopic,
+    ObserveTopic,
+    PrecisionTopic,
+    SaversTopic,
+    SearchTopic,
+    WorkloadsTopic,
+)
 
 from unimem.config import Settings
 from unimem.errors import UnimemWarning
 from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
-
-if TYPE_CHECKING:
-    from unimem.diagnose.live_objects import LiveMemory
 
 __all__ = ["JaxBackend"]
 
@@ -37,6 +43,9 @@ class JaxBackend(Backend):
     module = "jax"
     preallocation_var = "XLA_PYTHON_CLIENT_PREALLOCATE"
     distributions = ("jax",)
+    error_modules = ("jax", "jaxlib")
+    failed_step_keeps_outputs = True  # XLA never frees a failed execution's outputs
+    runs_workloads = True
     CAPABILITIES: ClassVar[dict[str, Support]] = {
         "fraction": Support(
             Level.ENV,
@@ -261,120 +270,51 @@ class JaxBackend(Backend):
             )
         return max(0, given)
 
-    # --- out-of-memory diagnosis (diagnose.py) -------------------------------------------
-    error_modules = diagnose.ERROR_MODULES
-    accumulation_code = diagnose.ACCUMULATION_CODE
-    checkpoint_code = diagnose.CHECKPOINT_CODE
+    # --- topics (backends/jax/<topic>.py, imported on first use) ------------------------------
+    @cached_property
+    def diagnose(self) -> DiagnoseTopic:
+        from .diagnose import JaxDiagnose
 
-    @classmethod
-    def recognises_oom(cls, exc: BaseException, message: str) -> bool:
-        return diagnose.recognises_oom(exc, message)
+        return JaxDiagnose(self)
 
-    @classmethod
-    def requested_bytes(cls, message: str) -> tuple[int, str] | None:
-        return diagnose.requested_bytes(message)
+    @cached_property
+    def observe(self) -> ObserveTopic:
+        from .observe import JaxObserve
 
-    def oom_place(self, exc: BaseException, device: int, message: str) -> str | None:
-        return diagnose.oom_place(device)
+        return JaxObserve(self)
 
-    def place_spelling(self, place: str) -> str | None:
-        return diagnose.place_spelling(place)
-
-    def live_memory(self, objects: list[object], place: str | None, top: int) -> LiveMemory | None:
-        return diagnose.live_memory(place, top)
-
-    # --- batch-size search (search.py) -------------------------------------------------
-    failed_step_keeps_outputs: ClassVar[bool] = True  # XLA never frees a failed execution's outputs
-    rematerializes: ClassVar[bool] = True  # XLA recomputes activations to stay under its limit
-    saturation_cause: ClassVar[str] = "XLA rematerializes: it recomputes activations to fit under its limit"
-    predicts_concurrently: ClassVar[bool] = True  # XLA compiles with the interpreter released
-    kept_outputs_note: ClassVar[str] = (
-        "XLA does not free a failed execution's output buffers, which stay in use until the process ends; "
-        "this process now fits less than a fresh one"
-    )
-
-    @classmethod
-    def explain_step_error(cls, exc: BaseException, after_oom: bool) -> str | None:
-        from .search import explain_step_error
-
-        return explain_step_error(exc, after_oom)
-
-    def predict_peak(self, lowered: Any) -> int | None:
-        from .search import predict_peak
-
-        return predict_peak(lowered)
-
-    def predict_largest_buffer(self, lowered: Any) -> int | None:
-        from .search import predict_largest_buffer
-
-        return predict_largest_buffer(lowered)
-
-    def search_capacity(self, snapshot: MemoryStats) -> int | None:
-        from .search import capacity
-
-        return capacity(snapshot)
-
-    def search_largest_buffer(self, snapshot: MemoryStats) -> int | None:
-        from .search import largest_buffer
-
-        return largest_buffer(snapshot)
-
-    # --- many processes (distributed.py) ---------------------------------------------
-    def plan_pin(self, device: int | None, *, per_rank: bool, note: str) -> list[Step]:
-        from .distributed import LOCAL_IDS, plan_pin
-
-        if device is None:
-            return super().plan_pin(device, per_rank=per_rank, note=note)
-        if not per_rank:
-            return plan_pin(self, device, note)
-        # The rank then sees one device, 0: jax.distributed.initialize must not ask for SLURM_LOCALID's.
-        ids = env_step(
-            "jax", "devices", [device], LOCAL_IDS, "0", phase=self.phase(), when=When.BEFORE_INIT, fix=configure.FIX
-        )
-        return [*super().plan_pin(device, per_rank=True, note=note), ids]
-
-    def distributed_store(self) -> KeyValueStore | None:
-        from .distributed import store
-
-        return store()
-
-    # --- observation (observe.py) ----------------------------------------------------
-    def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
-        from .observe import counter_reader
-
-        return counter_reader(self, device)
-
-    def profiler(self) -> Profiler:
-        from .observe import JaxProfiler
-
-        return JaxProfiler(self)
-
-    # --- mixed precision and compare workloads (precision.py, workloads.py) ------------
-    runs_workloads: ClassVar[bool] = True
-
-    def precision(self) -> PrecisionHelpers:
+    @cached_property
+    def precision(self) -> PrecisionTopic:
         from . import precision
 
         return precision
 
-    # --- memory savers (savers.py); offload is a policy only: the default offload() refuses ----
-    def remat(self, fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
-        from . import savers
+    @cached_property
+    def savers(self) -> SaversTopic:
+        from .savers import JaxSavers
 
-        return savers.remat(fn, policy)
+        return JaxSavers(self)
 
-    # --- gradient accumulation (accumulation.py) --------------------------------------
-    def add_gradients(self, total: Any, grads: Any, weight: float) -> Any:
-        from . import accumulation
+    @cached_property
+    def accumulation(self) -> AccumulationTopic:
+        from .accumulation import JaxAccumulation
 
-        return accumulation.add_gradients(total, grads, weight)
+        return JaxAccumulation(self)
 
-    def start_device(self) -> str:
-        from . import workloads
+    @cached_property
+    def search(self) -> SearchTopic:
+        from .search import JaxSearch
 
-        return workloads.start_device()
+        return JaxSearch(self)
 
-    def workload_step(self, workload: str, shapes: Any, dtype: str) -> tuple[Callable[[], None], int]:
-        from . import workloads
+    @cached_property
+    def distributed(self) -> DistributedTopic:
+        from .distributed import JaxDistributed
 
-        return workloads.build(workload, shapes, dtype)
+        return JaxDistributed(self)
+
+    @cached_property
+    def workloads(self) -> WorkloadsTopic:
+        from .workloads import JaxWorkloads
+
+        return JaxWorkloads(self)

@@ -17,52 +17,21 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from unimem.backends.steps import STATUS_PENDING, STATUS_SKIPPED, STATUS_UNCHANGED, Step
+from unimem.backends.base import Distributed
+from unimem.backends.jax import _runtime as runtime
+from unimem.backends.jax.configure import FIX
+from unimem.backends.steps import STATUS_PENDING, STATUS_SKIPPED, STATUS_UNCHANGED, Step, env_step
 from unimem.backends.topics import KeyValueStore
 
 from unimem.import_hooks import when_imported
+from unimem.support import When
 
-from . import _runtime as runtime
-
-if TYPE_CHECKING:
-    from .adapter import JaxBackend
-
-__all__ = ["CoordinatorStore", "LOCAL_IDS", "plan_pin", "store"]
+__all__ = ["LOCAL_IDS", "CoordinatorStore", "JaxDistributed"]
 
 LOCAL_IDS = "JAX_LOCAL_DEVICE_IDS"
 _FLAG = "jax_cuda_visible_devices"
-
-
-def plan_pin(adapter: JaxBackend, device: int, note: str) -> list[Step]:
-    """The rank's device as JAX's visible CUDA devices, set when JAX is imported."""
-    value = str(device)
-    target = f"{LOCAL_IDS}={value}; jax.config.update({_FLAG!r}, {value!r}) at import"
-    if runtime.started():
-        current = getattr(sys.modules["jax"].config, "_read", lambda name: None)(_FLAG)
-        if current == value:
-            return [Step("jax", "pin", device, "api", target, status=STATUS_UNCHANGED, note=note)]
-        skipped = (
-            f"{note}; JAX's backend has already started with its devices fixed: pin before its first "
-            f"operation, or pass local_device_ids=[{device}] to jax.distributed.initialize"
-        )
-        return [Step("jax", "pin", device, "api", target, status=STATUS_SKIPPED, note=skipped)]
-    theirs = os.environ.get(LOCAL_IDS)
-    if theirs is not None and theirs != value:
-        mine = f"{note}; {LOCAL_IDS}={theirs} is set in the environment and wins"
-        return [Step("jax", "pin", device, "env", target, status=STATUS_SKIPPED, note=mine)]
-
-    def run() -> None:
-        os.environ[LOCAL_IDS] = value
-
-        def restrict(jax: Any) -> None:
-            if not runtime.started():
-                jax.config.update(_FLAG, value)
-
-        when_imported("jax", restrict, key="unimem.jax.pin")
-
-    return [Step("jax", "pin", device, "hook", target, run=run, status=STATUS_PENDING, note=note)]
 
 
 class CoordinatorStore:
@@ -88,10 +57,50 @@ class CoordinatorStore:
         return found.decode() if isinstance(found, bytes) else str(found)
 
 
-def store() -> KeyValueStore | None:
-    """The coordinator's store once ``jax.distributed.initialize`` has run in this process."""
-    dist = sys.modules.get("jax._src.distributed")
-    state = None if dist is None else getattr(dist, "global_state", None)
-    if state is None or state.client is None:
-        return None
-    return CoordinatorStore(state.client, int(state.process_id), int(state.num_processes))
+class JaxDistributed(Distributed):
+    """JAX under a launcher (``DistributedTopic``): its visible CUDA devices at import, the coordinator's store."""
+
+    def plan_pin(self, device: int | None, *, per_rank: bool, note: str) -> list[Step]:
+        """The rank's device as JAX's visible CUDA devices, set when JAX is imported; ``per_rank``: the
+        base's ``CUDA_VISIBLE_DEVICES`` step, and ``JAX_LOCAL_DEVICE_IDS=0`` for the one device left."""
+        if device is None:
+            return super().plan_pin(device, per_rank=per_rank, note=note)
+        if per_rank:
+            # The rank then sees one device, 0: jax.distributed.initialize must not ask for SLURM_LOCALID's.
+            phase = self.backend.phase()
+            ids = env_step("jax", "devices", [device], LOCAL_IDS, "0", phase=phase, when=When.BEFORE_INIT, fix=FIX)
+            return [*super().plan_pin(device, per_rank=True, note=note), ids]
+        value = str(device)
+        target = f"{LOCAL_IDS}={value}; jax.config.update({_FLAG!r}, {value!r}) at import"
+        if runtime.started():
+            current = getattr(sys.modules["jax"].config, "_read", lambda name: None)(_FLAG)
+            if current == value:
+                return [Step("jax", "pin", device, "api", target, status=STATUS_UNCHANGED, note=note)]
+            skipped = (
+                f"{note}; JAX's backend has already started with its devices fixed: pin before its first "
+                f"operation, or pass local_device_ids=[{device}] to jax.distributed.initialize"
+            )
+            return [Step("jax", "pin", device, "api", target, status=STATUS_SKIPPED, note=skipped)]
+        theirs = os.environ.get(LOCAL_IDS)
+        if theirs is not None and theirs != value:
+            mine = f"{note}; {LOCAL_IDS}={theirs} is set in the environment and wins"
+            return [Step("jax", "pin", device, "env", target, status=STATUS_SKIPPED, note=mine)]
+
+        def run() -> None:
+            os.environ[LOCAL_IDS] = value
+
+            def restrict(jax: Any) -> None:
+                if not runtime.started():
+                    jax.config.update(_FLAG, value)
+
+            when_imported("jax", restrict, key="unimem.jax.pin")
+
+        return [Step("jax", "pin", device, "hook", target, run=run, status=STATUS_PENDING, note=note)]
+
+    def distributed_store(self) -> KeyValueStore | None:
+        """The coordinator's store once ``jax.distributed.initialize`` has run in this process."""
+        dist = sys.modules.get("jax._src.distributed")
+        state = None if dist is None else getattr(dist, "global_state", None)
+        if state is None or state.client is None:
+            return None
+        return CoordinatorStore(state.client, int(state.process_id), int(state.num_processes))

@@ -9,41 +9,17 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from unimem.backends.base import Backend, Observe
+from unimem.backends.topics import Counters
 
 from unimem.errors import NoFigures, UnimemWarning
 from unimem.support import Phase
 
-if TYPE_CHECKING:
-    from unimem.backends.base import Backend
-    from unimem.backends.topics import Counters
-
-__all__ = ["PROFILE", "JaxProfiler", "counter_reader"]
+__all__ = ["PROFILE", "JaxObserve", "JaxProfiler"]
 
 PROFILE = "jax_memory.prof"  # the file stop() writes (pprof format: ``pprof -http : FILE``)
-
-
-def counter_reader(backend: Backend, device: int) -> tuple[Callable[[], Counters] | None, str]:
-    """``(allocated, reserved)`` of JAX device ``device``; ``(None, None)`` until JAX has started,
-    ``NoFigures`` once it is known to run on the CPU (XLA keeps no stats there)."""
-    found: list[Any] = []
-
-    def read() -> Counters:
-        if not found:
-            if backend.phase() is not Phase.INITIALIZED:
-                return None, None  # asking for devices would start JAX (and preallocate)
-            import jax
-
-            devices = jax.local_devices()
-            if device >= len(devices):
-                raise NoFigures(f"jax has no device {device}")
-            if devices[device].platform == "cpu":
-                raise NoFigures("jax runs on the CPU here: allocator figures are None")
-            found.append(devices[device])
-        snapshot = backend.stats(device, nvml=False)  # None, None with allocator='uncached': no stats kept
-        return snapshot.allocated, snapshot.reserved
-
-    return read, ""
 
 
 class JaxProfiler:
@@ -76,3 +52,33 @@ class JaxProfiler:
         import jax
 
         jax.profiler.save_device_memory_profile(str(target))
+
+
+class JaxObserve(Observe):
+    """JAX under observation (``ObserveTopic``): XLA's pool counters and the device memory profile."""
+
+    def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
+        """``(allocated, reserved)`` of JAX device ``device``; ``(None, None)`` until JAX has started,
+        ``NoFigures`` once it is known to run on the CPU (XLA keeps no stats there)."""
+        found: list[Any] = []
+
+        def read() -> Counters:
+            if not found:
+                if self.backend.phase() is not Phase.INITIALIZED:
+                    return None, None  # asking for devices would start JAX (and preallocate)
+                import jax
+
+                devices = jax.local_devices()
+                if device >= len(devices):
+                    raise NoFigures(f"jax has no device {device}")
+                if devices[device].platform == "cpu":
+                    raise NoFigures("jax runs on the CPU here: allocator figures are None")
+                found.append(devices[device])
+            snapshot = self.backend.stats(device, nvml=False)  # None, None with allocator='uncached': no stats kept
+            return snapshot.allocated, snapshot.reserved
+
+        return read, ""
+
+    def profiler(self) -> JaxProfiler:
+        """``jax.profiler.save_device_memory_profile``, at stop() and at each snapshot."""
+        return JaxProfiler(self.backend)

@@ -5,8 +5,8 @@ step makes (parameters and inputs to the compute dtype, outputs back to float32)
 and the loss scaler. Implemented here with ``jax.tree_util`` and ``jax.numpy`` only
 (jmp, the library that used to do this, is unmaintained).
 
-The JAX adapter's ``precision()`` returns this module, imported only once a policy is
-asked for JAX. The functions of the ``PrecisionHelpers`` protocol (``unimem.backends.base``).
+This module is the JAX adapter's ``precision`` topic, imported only once a policy is
+asked for JAX: the members of the ``PrecisionTopic`` protocol (``unimem.backends.topics``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,20 @@ from unimem.backends.jax import _runtime as runtime
 from unimem.errors import UnsupportedFeature
 from unimem.training.loss_scaling import LossScaler, NoLossScaling, ScalerConfig
 
-__all__ = ["JaxLossScaler", "JaxNoLossScaling", "cast", "check", "device", "dtype", "enable", "loss_scaler"]
+__all__ = [
+    "JaxLossScaler",
+    "JaxNoLossScaling",
+    "cast",
+    "check",
+    "device",
+    "dtype",
+    "enable",
+    "loss_scaler",
+    "precision_state_per_thread",
+]
+
+# Any thread may disable a policy: it is the casts a step makes, no state of JAX.
+precision_state_per_thread = False
 
 
 def _jax() -> Any:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from unimem.backends.base import Search
+
 from unimem.memory_stats import MemoryStats
 
-__all__ = ["capacity", "explain_step_error", "largest_buffer", "predict_largest_buffer", "predict_peak"]
+__all__ = ["JaxSearch"]
 
 # A failed call deletes the arrays it was given to donate; JAX's own message names no cause.
 _DONATED = (
@@ -16,12 +18,6 @@ _DONATED = (
     "the arrays it was given to donate (donate_argnums). Search with a step that does not donate "
     "(or passes copies), then donate in training with the size found"
 )
-
-
-def explain_step_error(exc: BaseException, after_oom: bool) -> str | None:
-    """The cause of JAX's "Array has been deleted" raised by a step after an earlier trial's
-    out-of-memory error (the step donated its state, which the failed call deleted); else None."""
-    return _DONATED if after_oom and "has been deleted" in str(exc) else None
 
 
 def _platform(compiled: Any) -> str | None:
@@ -57,70 +53,83 @@ def _nbytes(tree: Any) -> list[int]:
     return sizes
 
 
-def predict_largest_buffer(lowered: Any) -> int | None:
-    """The largest single buffer a run of ``lowered`` allocates: XLA takes all of a program's
-    temporaries as one buffer (on an H200 the request that ran out was exactly
-    ``temp_size_in_bytes``: docs/measurements.md), and each argument and output as its own.
-    None when XLA gives no memory analysis."""
-    stage = _compiled(lowered)
-    analysis = stage.memory_analysis() if hasattr(stage, "memory_analysis") else None
-    if analysis is None:
-        return None
-    sizes = [int(analysis.temp_size_in_bytes)]
-    for info in ("args_info", "out_info"):
-        try:
-            sizes += _nbytes(getattr(stage, info))
-        except Exception:  # an older JAX without it: the temporaries alone
-            continue
-    return max(sizes)
+class JaxSearch(Search):
+    """JAX in the batch search (``SearchTopic``): peaks predicted from XLA's compiled step, a pool's room."""
 
-
-def predict_peak(lowered: Any) -> int | None:
-    """The peak bytes of ``lowered`` (a ``jax.stages.Traced``, ``Lowered`` or ``Compiled``), or
-    None when it is none of those or XLA gives no memory analysis. Compiles what is not compiled.
-
-    On a GPU XLA's ``peak_memory_in_bytes`` is the peak of its buffer assignment (arguments,
-    outputs and the temporaries' block), which is what the device's allocator then holds. On the
-    CPU that field counts arguments and outputs only, while the temporaries are allocated too:
-    there the peak is arguments + outputs + temporaries - the bytes outputs alias from arguments.
-    Both agree with the measured peak (docs/measurements.md, "batch-size search")."""
-    stage = _compiled(lowered)
-    analysis = stage.memory_analysis() if hasattr(stage, "memory_analysis") else None
-    if analysis is None:
-        return None
-    held = (
-        int(analysis.argument_size_in_bytes)
-        + int(analysis.output_size_in_bytes)
-        + int(analysis.temp_size_in_bytes)
-        - int(analysis.alias_size_in_bytes)
+    rematerializes = True  # XLA recomputes activations to stay under its limit
+    saturation_cause = "XLA rematerializes: it recomputes activations to fit under its limit"
+    predicts_concurrently = True  # XLA compiles with the interpreter released
+    kept_outputs_note = (
+        "XLA does not free a failed execution's output buffers, which stay in use until the process ends; "
+        "this process now fits less than a fresh one"
     )
-    peak = int(getattr(analysis, "peak_memory_in_bytes", 0) or 0)
-    # XLA's CPU figure leaves the temporaries out; elsewhere its own peak is the one to hold.
-    return held if _platform(stage) == "cpu" or peak <= 0 else peak
 
+    def search_capacity(self, snapshot: MemoryStats) -> int | None:
+        """The bytes a trial's peak may reach: the cap, less what a pool grown on demand cannot give
+        a step. With growth on, XLA's allocator takes regions from the device as it needs them and
+        cuts each request from one region, and a step's temporaries come as one buffer: all a step
+        adds is held to one piece, the room left under the cap or the largest free block, whichever
+        is larger (free blocks beside it may take a few small outputs: left out, on the safe side).
+        Compilations and runs can grow the pool (XLA autotunes on real buffers), so the search reads
+        this again before each run. The search uses it where no step's largest buffer is predicted
+        (no ``lower=``); with predictions it holds the peak against the cap and the largest buffer
+        against ``search_largest_buffer``. A preallocated pool is one region: then the cap."""
+        limit, pool, in_use, block = snapshot.limit, snapshot.reserved, snapshot.allocated, snapshot.largest_free_block
+        if limit is None or pool is None or in_use is None or block is None or pool >= limit:
+            return limit
+        return min(limit, in_use + max(limit - pool, block))
 
-def largest_buffer(snapshot: MemoryStats) -> int | None:
-    """The largest buffer XLA's allocator can hand out now: its largest free block, or a new
-    region in the room left under the cap, whichever is larger. A pool grown on demand keeps
-    every region it took (compilations take some: XLA autotunes on real buffers), and a buffer
-    is cut from one region. None where the figures are unknown (the CPU)."""
-    limit, pool, block = snapshot.limit, snapshot.reserved, snapshot.largest_free_block
-    if limit is None or pool is None or block is None:
-        return None
-    return max(block, limit - pool)
+    def search_largest_buffer(self, snapshot: MemoryStats) -> int | None:
+        """The largest buffer XLA's allocator can hand out now: its largest free block, or a new
+        region in the room left under the cap, whichever is larger. A pool grown on demand keeps
+        every region it took (compilations take some: XLA autotunes on real buffers), and a buffer
+        is cut from one region. None where the figures are unknown (the CPU)."""
+        limit, pool, block = snapshot.limit, snapshot.reserved, snapshot.largest_free_block
+        if limit is None or pool is None or block is None:
+            return None
+        return max(block, limit - pool)
 
+    def predict_peak(self, lowered: Any) -> int | None:
+        """The peak bytes of ``lowered`` (a ``jax.stages.Traced``, ``Lowered`` or ``Compiled``), or
+        None when it is none of those or XLA gives no memory analysis. Compiles what is not compiled.
 
-def capacity(snapshot: MemoryStats) -> int | None:
-    """The bytes a trial's peak may reach: the cap, less what a pool grown on demand cannot give
-    a step. With growth on, XLA's allocator takes regions from the device as it needs them and
-    cuts each request from one region, and a step's temporaries come as one buffer: all a step
-    adds is held to one piece, the room left under the cap or the largest free block, whichever
-    is larger (free blocks beside it may take a few small outputs: left out, on the safe side).
-    Compilations and runs can grow the pool (XLA autotunes on real buffers), so the search reads
-    this again before each run. The search uses it where no step's largest buffer is predicted
-    (no ``lower=``); with predictions it holds the peak against the cap and the largest buffer
-    against ``largest_buffer``. A preallocated pool is one region: then the cap."""
-    limit, pool, in_use, block = snapshot.limit, snapshot.reserved, snapshot.allocated, snapshot.largest_free_block
-    if limit is None or pool is None or in_use is None or block is None or pool >= limit:
-        return limit
-    return min(limit, in_use + max(limit - pool, block))
+        On a GPU XLA's ``peak_memory_in_bytes`` is the peak of its buffer assignment (arguments,
+        outputs and the temporaries' block), which is what the device's allocator then holds. On the
+        CPU that field counts arguments and outputs only, while the temporaries are allocated too:
+        there the peak is arguments + outputs + temporaries - the bytes outputs alias from arguments.
+        Both agree with the measured peak (docs/measurements.md, "batch-size search")."""
+        stage = _compiled(lowered)
+        analysis = stage.memory_analysis() if hasattr(stage, "memory_analysis") else None
+        if analysis is None:
+            return None
+        held = (
+            int(analysis.argument_size_in_bytes)
+            + int(analysis.output_size_in_bytes)
+            + int(analysis.temp_size_in_bytes)
+            - int(analysis.alias_size_in_bytes)
+        )
+        peak = int(getattr(analysis, "peak_memory_in_bytes", 0) or 0)
+        # XLA's CPU figure leaves the temporaries out; elsewhere its own peak is the one to hold.
+        return held if _platform(stage) == "cpu" or peak <= 0 else peak
+
+    def predict_largest_buffer(self, lowered: Any) -> int | None:
+        """The largest single buffer a run of ``lowered`` allocates: XLA takes all of a program's
+        temporaries as one buffer (on an H200 the request that ran out was exactly
+        ``temp_size_in_bytes``: docs/measurements.md), and each argument and output as its own.
+        None when XLA gives no memory analysis."""
+        stage = _compiled(lowered)
+        analysis = stage.memory_analysis() if hasattr(stage, "memory_analysis") else None
+        if analysis is None:
+            return None
+        sizes = [int(analysis.temp_size_in_bytes)]
+        for info in ("args_info", "out_info"):
+            try:
+                sizes += _nbytes(getattr(stage, info))
+            except Exception:  # an older JAX without it: the temporaries alone
+                continue
+        return max(sizes)
+
+    def explain_step_error(self, exc: BaseException, after_oom: bool) -> str | None:
+        """The cause of JAX's "Array has been deleted" raised by a step after an earlier trial's
+        out-of-memory error (the step donated its state, which the failed call deleted); else None."""
+        return _DONATED if after_oom and "has been deleted" in str(exc) else None

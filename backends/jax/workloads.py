@@ -1,13 +1,15 @@
 """The ``unimem compare`` workloads in JAX (the math is ``unimem.compare.workloads.forward``).
 
-Reached through ``JaxBackend.workload_step`` and ``start_device``; imports jax inside
-each function, so importing this module costs nothing.
+``JaxWorkloads`` is the JAX adapter's ``workloads`` topic; it imports jax inside each
+method, so importing this module costs nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from unimem.backends.base import Workloads
 
 from unimem.compare.workloads import (
     LEARNING_RATE,
@@ -18,16 +20,7 @@ from unimem.compare.workloads import (
     parameter_shapes,
 )
 
-__all__ = ["build", "start_device"]
-
-
-def start_device() -> str:
-    """Start JAX's backend with a tiny op; the first device's kind (``"cpu"`` without a GPU)."""
-    import jax
-    import jax.numpy as jnp
-
-    jnp.zeros(1).block_until_ready()
-    return str(jax.devices()[0].device_kind)
+__all__ = ["JaxWorkloads"]
 
 
 def _ops() -> Any:
@@ -66,30 +59,41 @@ def _ops() -> Any:
     return Ops
 
 
-def build(workload: str, s: Shapes, dtype: str) -> tuple[Callable[[], None], int]:
-    """``(step, parameter_count)``: ``step()`` runs one jitted training step and waits for it."""
-    import jax
-    import jax.numpy as jnp
+class JaxWorkloads(Workloads):
+    """The reference workloads in JAX (``WorkloadsTopic``): a jitted step on JAX's default device."""
 
-    shapes = parameter_shapes(workload, s)
-    dt = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
-    keys = jax.random.split(jax.random.PRNGKey(0), len(shapes) + 1)
-    params = {
-        n: (jax.random.normal(k, shape) * 0.02).astype(dt)
-        for (n, shape), k in zip(shapes.items(), keys[:-1], strict=True)
-    }
-    x = jax.random.normal(keys[-1], input_shape(workload, s)).astype(dt)
-    loss = loss_function(_ops(), workload, s, "jax")
+    def start_device(self) -> str:
+        """Start JAX's backend with a tiny op; the first device's kind (``"cpu"`` without a GPU)."""
+        import jax
+        import jax.numpy as jnp
 
-    @jax.jit
-    def update(p: dict[str, Any]) -> dict[str, Any]:
-        grads = jax.grad(lambda q: loss(q, x))(p)
-        return {n: p[n] - LEARNING_RATE * grads[n] for n in p}
+        jnp.zeros(1).block_until_ready()
+        return str(jax.devices()[0].device_kind)
 
-    state = {"params": params}
+    def workload_step(self, workload: str, shapes: Shapes, dtype: str) -> tuple[Callable[[], None], int]:
+        """``(step, parameter_count)``: ``step()`` runs one jitted training step and waits for it."""
+        import jax
+        import jax.numpy as jnp
 
-    def step() -> None:
-        state["params"] = update(state["params"])
-        jax.block_until_ready(state["params"])
+        sizes = parameter_shapes(workload, shapes)
+        dt = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
+        keys = jax.random.split(jax.random.PRNGKey(0), len(sizes) + 1)
+        params = {
+            n: (jax.random.normal(k, shape) * 0.02).astype(dt)
+            for (n, shape), k in zip(sizes.items(), keys[:-1], strict=True)
+        }
+        x = jax.random.normal(keys[-1], input_shape(workload, shapes)).astype(dt)
+        loss = loss_function(_ops(), workload, shapes, "jax")
 
-    return step, parameter_count(workload, s)
+        @jax.jit
+        def update(p: dict[str, Any]) -> dict[str, Any]:
+            grads = jax.grad(lambda q: loss(q, x))(p)
+            return {n: p[n] - LEARNING_RATE * grads[n] for n in p}
+
+        state = {"params": params}
+
+        def step() -> None:
+            state["params"] = update(state["params"])
+            jax.block_until_ready(state["params"])
+
+        return step, parameter_count(workload, shapes)

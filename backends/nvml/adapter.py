@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any, ClassVar
 
 from unimem.backends.base import Backend, no_such_device
 from unimem.backends.steps import Step
-from unimem.backends.topics import Profiler
+from unimem.backends.topics import ObserveTopic
 
 from unimem.config import Settings
 from unimem.errors import UnsupportedFeature
@@ -111,12 +112,11 @@ class NvmlBackend(Backend):
     def clear_cache(self, device: int = 0) -> int:
         raise UnsupportedFeature("nvml", "clear_cache", f"{_NO_CONFIG}; use a framework backend")
 
-    def profiler(self) -> Profiler:
-        raise UnsupportedFeature(
-            "nvml",
-            "profile",
-            "NVML has no memory profiler; import the framework first or pass backend='torch', 'jax' or 'tf'",
-        )
+    @cached_property
+    def observe(self) -> ObserveTopic:
+        from .observe import NvmlObserve
+
+        return NvmlObserve(self)
 
     # --- the device view the CLI, the monitor's sampler and compare read (all through the gate) ---
     def status(self) -> str:

@@ -9,23 +9,28 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from functools import cached_property
+from typing import ClassVar
 
 from unimem.backends.base import Backend, no_such_device
 from unimem.backends.nvml import _gate as nvml_gate
 from unimem.backends.steps import Step
-from unimem.backends.tensorflow import configure, diagnose
+from unimem.backends.tensorflow import configure
 from unimem.backends.tensorflow.configure import ALLOCATOR_VAR, GROWTH_VAR
-from unimem.backends.topics import Counters, PrecisionHelpers, Profiler
+from unimem.backends.topics import (
+    AccumulationTopic,
+    DiagnoseTopic,
+    ObserveTopic,
+    PrecisionTopic,
+    SaversTopic,
+    SearchTopic,
+    WorkloadsTopic,
+)
 
 from unimem.config import Settings
 from unimem.errors import UnimemWarning
 from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
-
-if TYPE_CHECKING:
-    from unimem.diagnose.live_objects import LiveMemory
 
 __all__ = ["TensorFlowBackend"]
 
@@ -35,6 +40,10 @@ class TensorFlowBackend(Backend):
     module = "tensorflow"
     preallocation_var = "TF_FORCE_GPU_ALLOW_GROWTH"
     distributions = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
+    error_modules = ("tensorflow",)
+    runs_workloads = True
+    # Start-up chatter off in compare's workers: C++ info logs, and the oneDNN notice on the CPU.
+    workload_env: ClassVar[dict[str, str]] = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
     CAPABILITIES: ClassVar[dict[str, Support]] = {
         "fraction": Support(
             Level.NATIVE,
@@ -214,77 +223,45 @@ class TensorFlowBackend(Backend):
             )
         return 0
 
-    # --- out-of-memory diagnosis (diagnose.py) -------------------------------------------
-    error_modules = diagnose.ERROR_MODULES
-    accumulation_code = diagnose.ACCUMULATION_CODE
-    checkpoint_code = diagnose.CHECKPOINT_CODE
-    scan_needs_gc = True
+    # --- topics (backends/tensorflow/<topic>.py, imported on first use) -----------------------
+    @cached_property
+    def diagnose(self) -> DiagnoseTopic:
+        from .diagnose import TensorFlowDiagnose
 
-    @classmethod
-    def recognises_oom(cls, exc: BaseException, message: str) -> bool:
-        return diagnose.recognises_oom(exc, message)
+        return TensorFlowDiagnose(self)
 
-    @classmethod
-    def requested_bytes(cls, message: str) -> tuple[int, str] | None:
-        return diagnose.requested_bytes(message)
+    @cached_property
+    def observe(self) -> ObserveTopic:
+        from .observe import TensorFlowObserve
 
-    def oom_place(self, exc: BaseException, device: int, message: str) -> str | None:
-        return diagnose.oom_place(message)
+        return TensorFlowObserve(self)
 
-    def place_spelling(self, place: str) -> str | None:
-        return diagnose.place_spelling(place)
-
-    def precision_in_force(self) -> tuple[bool, str] | None:
-        return diagnose.precision_in_force()
-
-    def live_memory(self, objects: list[object], place: str | None, top: int) -> LiveMemory | None:
-        return diagnose.live_memory(objects, place, top)
-
-    # --- observation (observe.py) ----------------------------------------------------
-    def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
-        from .observe import counter_reader
-
-        return counter_reader(self, device)
-
-    def profiler(self) -> Profiler:
-        from .observe import profiler
-
-        return profiler()
-
-    # --- batch-size search ---------------------------------------------------------------
-    # Grappler's memory optimizer (and XLA under jit_compile) may recompute or swap to fit.
-    rematerializes: ClassVar[bool] = True
-
-    # --- mixed precision and compare workloads (precision.py, workloads.py) ------------
-    runs_workloads: ClassVar[bool] = True
-    # Start-up chatter off in compare's workers: C++ info logs, and the oneDNN notice on the CPU.
-    workload_env: ClassVar[dict[str, str]] = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
-
-    def precision(self) -> PrecisionHelpers:
+    @cached_property
+    def precision(self) -> PrecisionTopic:
         from . import precision
 
         return precision
 
-    # --- memory savers (savers.py): full only; offload() refuses by default -------------
-    def remat(self, fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
-        if policy != "full":
-            return super().remat(fn, policy)  # raises UnsupportedFeature with the row's note
-        from . import savers
+    @cached_property
+    def savers(self) -> SaversTopic:
+        from .savers import TensorFlowSavers
 
-        return savers.remat(fn)
+        return TensorFlowSavers(self)
 
-    # --- gradient accumulation (accumulation.py) --------------------------------------
-    def add_gradients(self, total: Any, grads: Any, weight: float) -> Any:
-        from . import accumulation
+    @cached_property
+    def accumulation(self) -> AccumulationTopic:
+        from .accumulation import TensorFlowAccumulation
 
-        return accumulation.add_gradients(total, grads, weight)
+        return TensorFlowAccumulation(self)
 
-    def start_device(self) -> str:
-        from . import workloads
+    @cached_property
+    def search(self) -> SearchTopic:
+        from .search import TensorFlowSearch
 
-        return workloads.start_device()
+        return TensorFlowSearch(self)
 
-    def workload_step(self, workload: str, shapes: Any, dtype: str) -> tuple[Callable[[], None], int]:
-        from . import workloads
+    @cached_property
+    def workloads(self) -> WorkloadsTopic:
+        from .workloads import TensorFlowWorkloads
 
-        return workloads.build(workload, shapes, dtype)
+        return TensorFlowWorkloads(self)

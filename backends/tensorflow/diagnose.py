@@ -11,11 +11,10 @@ import re
 import sys
 from typing import Any
 
-from unimem.backends.base import error_class_in
+from unimem.backends.base import Diagnose, error_class_in
 
 from unimem.diagnose.live_objects import LiveMemory, LiveObject, Tally
 
-ERROR_MODULES = ("tensorflow",)
 _EXHAUSTED = (("tensorflow", "ResourceExhaustedError"),)
 # What makes a RESOURCE_EXHAUSTED status about memory: the status also reports quotas and
 # file systems, which a smaller batch does not fix.
@@ -56,58 +55,6 @@ _DTYPE_BYTES: dict[str, float] = {
     "uint4": 0.5,
 }
 
-ACCUMULATION_CODE = (
-    "optimizer = keras.optimizers.Adam(gradient_accumulation_steps={steps})  # micro-batch {micro} × {steps}"
-)
-CHECKPOINT_CODE = "block = tf.recompute_grad(block)"
-
-
-def recognises_oom(exc: BaseException, message: str) -> bool:
-    """``ResourceExhaustedError`` whose message is about memory."""
-    return error_class_in(exc, _EXHAUSTED) and bool(_MEMORY_PHRASES.search(message))
-
-
-def requested_bytes(message: str) -> tuple[int, str] | None:
-    """ "OOM when allocating tensor with shape[64,1024] and type float": elements × dtype
-    size; a dtype without a fixed size (string) gives None, not a guess."""
-    match = _SHAPE.search(message)
-    if match is None:
-        return None
-    size = _DTYPE_BYTES.get(match.group(2))
-    if size is None:
-        return None
-    dims = [part.strip() for part in match.group(1).split(",") if part.strip()]
-    return math.ceil(math.prod(int(d) for d in dims) * size), match.group(0)
-
-
-def oom_place(message: str) -> str | None:
-    """The device the message names (``.../device:GPU:0``); None if it names none."""
-    if match := _DEVICE.search(message):
-        return "cpu" if match.group(1) == "CPU" else f"gpu:{match.group(2)}"
-    return None
-
-
-def place_spelling(place: str) -> str | None:
-    """``gpu:N`` for any GPU, ``cpu``; TF has no name for other devices."""
-    kind, _, index = place.partition(":")
-    if kind == "cpu":
-        return "cpu"
-    if kind in ("cuda", "gpu"):
-        return f"gpu:{index or 0}"
-    return None
-
-
-def precision_in_force() -> tuple[bool, str] | None:
-    """Keras's global dtype policy, when Keras is imported: ``mixed_*`` is on, anything else off."""
-    keras = sys.modules.get("keras")
-    if keras is None:
-        return None
-    try:
-        name = str(keras.mixed_precision.global_policy().name)
-    except Exception:  # an old or half-imported Keras: unknown, not off
-        return None
-    return (name.startswith("mixed"), f"the Keras global dtype policy is {name!r}") if name else None
-
 
 def _device_matches(name: str, place: str | None) -> bool:
     if place is None:
@@ -127,33 +74,84 @@ def _kinds() -> list[tuple[type, str]]:
     return kinds
 
 
-def live_memory(objects: list[object], place: str | None, top: int) -> LiveMemory | None:
-    """The eager tensors and variables among ``objects`` on ``place``."""
-    if "tensorflow" not in sys.modules:
+class TensorFlowDiagnose(Diagnose):
+    """TensorFlow's side of a diagnosis (``DiagnoseTopic``): its errors, its messages, its live tensors."""
+
+    scan_needs_gc = True
+    accumulation_code = (
+        "optimizer = keras.optimizers.Adam(gradient_accumulation_steps={steps})  # micro-batch {micro} × {steps}"
+    )
+    checkpoint_code = "block = tf.recompute_grad(block)"
+
+    def recognises_oom(self, exc: BaseException, message: str) -> bool:
+        """``ResourceExhaustedError`` whose message is about memory."""
+        return error_class_in(exc, _EXHAUSTED) and bool(_MEMORY_PHRASES.search(message))
+
+    def requested_bytes(self, message: str) -> tuple[int, str] | None:
+        """ "OOM when allocating tensor with shape[64,1024] and type float": elements × dtype
+        size; a dtype without a fixed size (string) gives None, not a guess."""
+        match = _SHAPE.search(message)
+        if match is None:
+            return None
+        size = _DTYPE_BYTES.get(match.group(2))
+        if size is None:
+            return None
+        dims = [part.strip() for part in match.group(1).split(",") if part.strip()]
+        return math.ceil(math.prod(int(d) for d in dims) * size), match.group(0)
+
+    def oom_place(self, exc: BaseException, device: int, message: str) -> str | None:
+        """The device the message names (``.../device:GPU:0``); None if it names none."""
+        if match := _DEVICE.search(message):
+            return "cpu" if match.group(1) == "CPU" else f"gpu:{match.group(2)}"
         return None
-    kinds = _kinds()
-    if not kinds:
+
+    def place_spelling(self, place: str) -> str | None:
+        """``gpu:N`` for any GPU, ``cpu``; TF has no name for other devices."""
+        kind, _, index = place.partition(":")
+        if kind == "cpu":
+            return "cpu"
+        if kind in ("cuda", "gpu"):
+            return f"gpu:{index or 0}"
         return None
-    types_ = tuple(cls for cls, _ in kinds)
-    tally = Tally(top)
-    for candidate in objects:
-        if not isinstance(candidate, types_):
-            continue
-        obj: Any = candidate
-        kind = next(name for cls, name in kinds if isinstance(obj, cls))
+
+    def precision_in_force(self) -> tuple[bool, str] | None:
+        """Keras's global dtype policy, when Keras is imported: ``mixed_*`` is on, anything else off."""
+        keras = sys.modules.get("keras")
+        if keras is None:
+            return None
         try:
-            device = str(obj.device)
-            if not _device_matches(device, place):
+            name = str(keras.mixed_precision.global_policy().name)
+        except Exception:  # an old or half-imported Keras: unknown, not off
+            return None
+        return (name.startswith("mixed"), f"the Keras global dtype policy is {name!r}") if name else None
+
+    def live_memory(self, objects: list[object], place: str | None, top: int) -> LiveMemory | None:
+        """The eager tensors and variables among ``objects`` on ``place``."""
+        if "tensorflow" not in sys.modules:
+            return None
+        kinds = _kinds()
+        if not kinds:
+            return None
+        types_ = tuple(cls for cls, _ in kinds)
+        tally = Tally(top)
+        for candidate in objects:
+            if not isinstance(candidate, types_):
                 continue
-            elements = obj.shape.num_elements()
-            if elements is None:
+            obj: Any = candidate
+            kind = next(name for cls, name in kinds if isinstance(obj, cls))
+            try:
+                device = str(obj.device)
+                if not _device_matches(device, place):
+                    continue
+                elements = obj.shape.num_elements()
+                if elements is None:
+                    continue
+                nbytes = int(elements * obj.dtype.size)
+                shape = tuple(int(d) for d in obj.shape)
+                dtype = obj.dtype.name
+            except Exception:  # string tensors have no byte size
                 continue
-            nbytes = int(elements * obj.dtype.size)
-            shape = tuple(int(d) for d in obj.shape)
-            dtype = obj.dtype.name
-        except Exception:  # string tensors have no byte size
-            continue
-        if nbytes == 0:
-            continue  # resource handles and empty tensors hold no tensor memory
-        tally.add(LiveObject("tensorflow", kind, shape, dtype, nbytes, device))
-    return tally.result("tensorflow", place, "gc over EagerTensor and tf.Variable objects")
+            if nbytes == 0:
+                continue  # resource handles and empty tensors hold no tensor memory
+            tally.add(LiveObject("tensorflow", kind, shape, dtype, nbytes, device))
+        return tally.result("tensorflow", place, "gc over EagerTensor and tf.Variable objects")

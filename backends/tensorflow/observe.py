@@ -8,36 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from unimem.backends.base import Observe
+from unimem.backends.topics import Counters
 
 from unimem.errors import NoFigures, UnsupportedFeature
 from unimem.support import Phase
 
-if TYPE_CHECKING:
-    from unimem.backends.base import Backend
-    from unimem.backends.topics import Counters
-
-__all__ = ["TensorFlowProfiler", "counter_reader"]
-
-
-def counter_reader(backend: Backend, device: int) -> tuple[Callable[[], Counters] | None, str]:
-    """``(allocated, None)`` of GPU ``device`` (TF counts no pool size); ``(None, None)`` until the
-    runtime has started, ``NoFigures`` once it is known to have no such GPU."""
-    checked: list[bool] = []
-
-    def read() -> Counters:
-        if not checked:
-            if backend.phase() is not Phase.INITIALIZED:
-                return None, None
-            import tensorflow as tf
-
-            if device >= len(tf.config.list_logical_devices("GPU")):
-                raise NoFigures("tensorflow sees no GPU here: allocator figures are None")
-            checked.append(True)
-        snapshot = backend.stats(device, nvml=False)
-        return snapshot.allocated, snapshot.reserved
-
-    return read, ""
+__all__ = ["TensorFlowObserve", "TensorFlowProfiler"]
 
 
 class TensorFlowProfiler:
@@ -59,8 +38,30 @@ class TensorFlowProfiler:
         )
 
 
-def profiler() -> TensorFlowProfiler:
-    """The profiler, importing tensorflow (an explicit request for it)."""
-    import tensorflow as tf
+class TensorFlowObserve(Observe):
+    """TensorFlow under observation (``ObserveTopic``): ``get_memory_info`` counters and the profiler trace."""
 
-    return TensorFlowProfiler(tf)
+    def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
+        """``(allocated, None)`` of GPU ``device`` (TF counts no pool size); ``(None, None)`` until the
+        runtime has started, ``NoFigures`` once it is known to have no such GPU."""
+        checked: list[bool] = []
+
+        def read() -> Counters:
+            if not checked:
+                if self.backend.phase() is not Phase.INITIALIZED:
+                    return None, None
+                import tensorflow as tf
+
+                if device >= len(tf.config.list_logical_devices("GPU")):
+                    raise NoFigures("tensorflow sees no GPU here: allocator figures are None")
+                checked.append(True)
+            snapshot = self.backend.stats(device, nvml=False)
+            return snapshot.allocated, snapshot.reserved
+
+        return read, ""
+
+    def profiler(self) -> TensorFlowProfiler:
+        """The profiler, importing tensorflow (an explicit request for it)."""
+        import tensorflow as tf
+
+        return TensorFlowProfiler(tf)

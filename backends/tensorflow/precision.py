@@ -1,8 +1,8 @@
 """Mixed precision for TensorFlow/Keras: the Keras global dtype policy and loss scaling.
 
-The TensorFlow adapter's ``precision()`` returns this module, imported only once a policy
-is asked for TensorFlow. The functions of the ``PrecisionHelpers`` protocol
-(``unimem.backends.base``), plus ``wrap_optimizer`` (Keras' ``LossScaleOptimizer`` scales
+This module is the TensorFlow adapter's ``precision`` topic, imported only once a policy
+is asked for TensorFlow: the members of the ``PrecisionTopic`` protocol
+(``unimem.backends.topics``), plus ``wrap_optimizer`` (Keras' ``LossScaleOptimizer`` scales
 inside ``model.fit``).
 """
 
@@ -25,8 +25,12 @@ __all__ = [
     "dtype",
     "enable",
     "loss_scaler",
+    "precision_state_per_thread",
     "wrap_optimizer",
 ]
+
+# Any thread may disable a policy: Keras keeps one global policy for every thread.
+precision_state_per_thread = False
 
 KERAS_POLICIES = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16", "fp32": "float32"}
 

@@ -1,6 +1,7 @@
 """Memory savers for TensorFlow: ``tf.recompute_grad`` with dropout that replays.
 
-The TensorFlow adapter's ``remat`` calls this; tensorflow and keras are imported only here.
+``TensorFlowSavers`` is the TensorFlow adapter's ``savers`` topic; tensorflow and keras are
+imported only inside it.
 
 ``tf.recompute_grad`` (and ``keras.RematScope``, built on it) calls ``fn`` again in the
 backward pass, and every Keras random layer draws its next seed from a state variable:
@@ -22,9 +23,11 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from unimem.backends.base import Savers
+
 from unimem.errors import UnsupportedFeature
 
-__all__ = ["MISMATCH", "TOLERANCE", "layers_reached", "remat", "seed_states"]
+__all__ = ["MISMATCH", "TOLERANCE", "TensorFlowSavers", "layers_reached", "seed_states"]
 
 # The name Keras gives every SeedGenerator's state variable.
 SEED_STATE = "seed_generator_state"
@@ -130,16 +133,22 @@ def _replay_call(tf: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs:
     return tf.recompute_grad(replaying)(*args)
 
 
-def remat(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` recomputed in the backward pass, its Keras dropout masks replayed.
+class TensorFlowSavers(Savers):
+    """TensorFlow's memory savers (``SaversTopic``): ``tf.recompute_grad``, Keras dropout replayed (``full`` only)."""
 
-    Positional arguments are the tensors gradients flow to; keyword arguments (``training=True``)
-    are passed through unchanged.
-    """
-    import tensorflow as tf
+    def remat(self, fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
+        """``fn`` recomputed in the backward pass, its Keras dropout masks replayed (``policy`` ``"full"``; the
+        others raise ``UnsupportedFeature`` with their row's note).
 
-    @functools.wraps(fn)
-    def recomputed(*args: Any, **kwargs: Any) -> Any:
-        return _replay_call(tf, fn, args, kwargs)
+        Positional arguments are the tensors gradients flow to; keyword arguments (``training=True``)
+        are passed through unchanged.
+        """
+        if policy != "full":
+            return super().remat(fn, policy)
+        import tensorflow as tf
 
-    return recomputed
+        @functools.wraps(fn)
+        def recomputed(*args: Any, **kwargs: Any) -> Any:
+            return _replay_call(tf, fn, args, kwargs)
+
+        return recomputed

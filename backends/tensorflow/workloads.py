@@ -1,13 +1,15 @@
 """The ``unimem compare`` workloads in TensorFlow (the math is ``unimem.compare.workloads.forward``).
 
-Reached through ``TensorFlowBackend.workload_step`` and ``start_device``; imports
-tensorflow inside each function, so importing this module costs nothing.
+``TensorFlowWorkloads`` is the TensorFlow adapter's ``workloads`` topic; it imports tensorflow inside each
+method, so importing this module costs nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from unimem.backends.base import Workloads
 
 from unimem.compare.workloads import (
     LEARNING_RATE,
@@ -18,16 +20,7 @@ from unimem.compare.workloads import (
     parameter_shapes,
 )
 
-__all__ = ["build", "start_device"]
-
-
-def start_device() -> str:
-    """Start TensorFlow's runtime with a tiny op; the first logical GPU's name, or ``"cpu"``."""
-    import tensorflow as tf
-
-    tf.zeros(1).numpy()
-    gpus = tf.config.list_logical_devices("GPU")
-    return str(gpus[0].name) if gpus else "cpu"
+__all__ = ["TensorFlowWorkloads"]
 
 
 def _ops(s: Shapes) -> Any:
@@ -64,28 +57,39 @@ def _ops(s: Shapes) -> Any:
     return Ops
 
 
-def build(workload: str, s: Shapes, dtype: str) -> tuple[Callable[[], None], int]:
-    """``(step, parameter_count)``: ``step()`` runs one ``tf.function`` training step and waits for it."""
-    import tensorflow as tf
+class TensorFlowWorkloads(Workloads):
+    """The reference workloads in TensorFlow (``WorkloadsTopic``): a ``tf.function`` step on its default device."""
 
-    shapes = parameter_shapes(workload, s)
-    dt = tf.bfloat16 if dtype == "bfloat16" else tf.float32
-    tf.random.set_seed(0)
-    params = {n: tf.Variable(tf.cast(tf.random.normal(shape) * 0.02, dt), name=n) for n, shape in shapes.items()}
-    x = tf.cast(tf.random.normal(input_shape(workload, s)), dt)
-    loss_of = loss_function(_ops(s), workload, s, "tensorflow")
-    names = list(params)
+    def start_device(self) -> str:
+        """Start TensorFlow's runtime with a tiny op; the first logical GPU's name, or ``"cpu"``."""
+        import tensorflow as tf
 
-    @tf.function(jit_compile=False)
-    def update() -> Any:
-        with tf.GradientTape() as tape:
-            loss = loss_of(params, x)
-        grads = tape.gradient(loss, [params[n] for n in names])
-        for n, g in zip(names, grads, strict=True):
-            params[n].assign_sub(LEARNING_RATE * g)
-        return loss
+        tf.zeros(1).numpy()
+        gpus = tf.config.list_logical_devices("GPU")
+        return str(gpus[0].name) if gpus else "cpu"
 
-    def step() -> None:
-        update().numpy()  # .numpy() waits for the device
+    def workload_step(self, workload: str, shapes: Shapes, dtype: str) -> tuple[Callable[[], None], int]:
+        """``(step, parameter_count)``: ``step()`` runs one ``tf.function`` training step and waits for it."""
+        import tensorflow as tf
 
-    return step, parameter_count(workload, s)
+        sizes = parameter_shapes(workload, shapes)
+        dt = tf.bfloat16 if dtype == "bfloat16" else tf.float32
+        tf.random.set_seed(0)
+        params = {n: tf.Variable(tf.cast(tf.random.normal(shape) * 0.02, dt), name=n) for n, shape in sizes.items()}
+        x = tf.cast(tf.random.normal(input_shape(workload, shapes)), dt)
+        loss_of = loss_function(_ops(shapes), workload, shapes, "tensorflow")
+        names = list(params)
+
+        @tf.function(jit_compile=False)
+        def update() -> Any:
+            with tf.GradientTape() as tape:
+                loss = loss_of(params, x)
+            grads = tape.gradient(loss, [params[n] for n in names])
+            for n, g in zip(names, grads, strict=True):
+                params[n].assign_sub(LEARNING_RATE * g)
+            return loss
+
+        def step() -> None:
+            update().numpy()  # .numpy() waits for the device
+
+        return step, parameter_count(workload, shapes)

@@ -6,26 +6,29 @@ lazy init where making them now would start CUDA).
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from functools import cached_property
+from typing import Any, ClassVar
 
 from unimem.backends.base import Backend, no_such_device
 from unimem.backends.nvml import _gate as nvml_gate
-from unimem.backends.steps import (
-    Step,
+from unimem.backends.steps import Step
+from unimem.backends.topics import (
+    AccumulationTopic,
+    DiagnoseTopic,
+    DistributedTopic,
+    ObserveTopic,
+    PrecisionTopic,
+    SaversTopic,
+    SearchTopic,
+    WorkloadsTopic,
 )
-from unimem.backends.topics import Counters, KeyValueStore, PrecisionHelpers, Profiler
-from unimem.backends.torch import configure, diagnose
+from unimem.backends.torch import configure
 
 from unimem.config import Settings
 from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support, When
-
-if TYPE_CHECKING:
-    from unimem.diagnose.live_objects import LiveMemory
 
 __all__ = ["TorchBackend"]
 
@@ -34,6 +37,8 @@ class TorchBackend(Backend):
     name = "torch"
     module = "torch"
     distributions = ("torch",)
+    error_modules = ("torch",)
+    runs_workloads = True
     CAPABILITIES: ClassVar[dict[str, Support]] = {
         "fraction": Support(
             Level.NATIVE,
@@ -198,28 +203,6 @@ class TorchBackend(Backend):
             self._properties[device] = props
         return props
 
-    # --- many processes (distributed.py) ---------------------------------------------
-    def plan_pin(self, device: int | None, *, per_rank: bool, note: str) -> list[Step]:
-        if device is None or per_rank:
-            return super().plan_pin(device, per_rank=per_rank, note=note)
-        from .distributed import plan_pin
-
-        return plan_pin(self, device, note)
-
-    def pin_at_init(self, device: int) -> None:
-        """Make ``device`` this process's own at CUDA init (before any tensor)."""
-        self.at_init.pin(device)
-
-    def distributed_store(self) -> KeyValueStore | None:
-        from .distributed import store
-
-        return store()
-
-    def trial_context(self, model: Any) -> Callable[[], contextlib.AbstractContextManager[None]] | None:
-        from .distributed import trial_context
-
-        return trial_context(model)
-
     # --- queries ------------------------------------------------------------------
     def stats(self, device: int = 0, *, nvml: bool = True) -> MemoryStats:
         torch = sys.modules.get("torch")
@@ -296,17 +279,6 @@ class TorchBackend(Backend):
             return None  # reading device properties would start CUDA
         return self._uuid(device)
 
-    # --- observation ----------------------------------------------------------------
-    def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
-        from .observe import counter_reader
-
-        return counter_reader(self, device)
-
-    def profiler(self) -> Profiler:
-        from .observe import profiler
-
-        return profiler()
-
     def reset_peak(self, device: int = 0) -> None:
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
@@ -322,88 +294,51 @@ class TorchBackend(Backend):
             torch.cuda.empty_cache()
         return max(0, before - torch.cuda.memory_reserved(device))
 
-    # --- out-of-memory diagnosis (diagnose.py) -------------------------------------------
-    error_modules = diagnose.ERROR_MODULES
-    accumulation_code = diagnose.ACCUMULATION_CODE
-    checkpoint_code = diagnose.CHECKPOINT_CODE
-    scan_needs_gc = True
+    # --- topics (backends/torch/<topic>.py, imported on first use) --------------------
+    @cached_property
+    def diagnose(self) -> DiagnoseTopic:
+        from .diagnose import TorchDiagnose
 
-    @classmethod
-    def recognises_oom(cls, exc: BaseException, message: str) -> bool:
-        return diagnose.recognises_oom(exc, message)
+        return TorchDiagnose(self)
 
-    @classmethod
-    def requested_bytes(cls, message: str) -> tuple[int, str] | None:
-        return diagnose.requested_bytes(message)
+    @cached_property
+    def observe(self) -> ObserveTopic:
+        from .observe import TorchObserve
 
-    def oom_place(self, exc: BaseException, device: int, message: str) -> str | None:
-        return diagnose.oom_place(device, message)
+        return TorchObserve(self)
 
-    def place_spelling(self, place: str) -> str | None:
-        return diagnose.place_spelling(place)
-
-    def precision_in_force(self) -> tuple[bool, str] | None:
-        return diagnose.precision_in_force()
-
-    def live_memory(self, objects: list[object], place: str | None, top: int) -> LiveMemory | None:
-        return diagnose.live_memory(objects, place, top)
-
-    # --- batch-size search (search.py) -------------------------------------------------
-    release_every_trial: ClassVar[bool] = True  # empty the cache every trial: each peak starts from a clean pool
-    settle_call: ClassVar[bool] = True  # the gradients leave the answer's large segments (settle)
-
-    def search_capacity(self, snapshot: MemoryStats) -> int | None:
-        from .search import capacity
-
-        return capacity(snapshot)
-
-    def pool_overhead(self, peak: int | None, peak_reserved: int | None) -> int:
-        from .search import pool_overhead
-
-        return pool_overhead(peak, peak_reserved)
-
-    def settle(self, release: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
-        from .search import at_first_forward
-
-        return at_first_forward(release)
-
-    # --- mixed precision and compare workloads (precision.py, workloads.py) ------------
-    runs_workloads: ClassVar[bool] = True
-    precision_state_per_thread: ClassVar[bool] = True  # autocast state belongs to the thread that entered it
-
-    def precision(self) -> PrecisionHelpers:
+    @cached_property
+    def precision(self) -> PrecisionTopic:
         from . import precision
 
         return precision
 
-    # --- memory savers (savers.py) ------------------------------------------------------
-    def remat(self, fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
-        from . import savers
+    @cached_property
+    def savers(self) -> SaversTopic:
+        from .savers import TorchSavers
 
-        return savers.remat(fn, policy)
+        return TorchSavers(self)
 
-    # --- gradient accumulation (accumulation.py) --------------------------------------
-    def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
-        from . import accumulation
+    @cached_property
+    def accumulation(self) -> AccumulationTopic:
+        from .accumulation import TorchAccumulation
 
-        return accumulation.no_sync(model)
+        return TorchAccumulation(self)
 
-    def add_gradients(self, total: Any, grads: Any, weight: float) -> Any:
-        from . import accumulation
+    @cached_property
+    def search(self) -> SearchTopic:
+        from .search import TorchSearch
 
-        return accumulation.add_gradients(total, grads, weight)
+        return TorchSearch(self)
 
-    def offload(self) -> contextlib.AbstractContextManager[None]:
-        from . import savers
+    @cached_property
+    def distributed(self) -> DistributedTopic:
+        from .distributed import TorchDistributed
 
-        return savers.offload()
+        return TorchDistributed(self, self.at_init)
 
-    def start_device(self) -> str:
-        from . import workloads
+    @cached_property
+    def workloads(self) -> WorkloadsTopic:
+        from .workloads import TorchWorkloads
 
-        return workloads.start_device()
-
-    def workload_step(self, workload: str, shapes: Any, dtype: str) -> tuple[Callable[[], None], int]:
-        from . import workloads
-
-        return workloads.build(workload, shapes, dtype)
+        return TorchWorkloads(self)

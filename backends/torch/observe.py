@@ -8,30 +8,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from unimem.backends.base import Observe
+from unimem.backends.topics import Counters
 
 from unimem.errors import UnimemError, UnsupportedFeature
 
-if TYPE_CHECKING:
-    from unimem.backends.base import Backend
-    from unimem.backends.topics import Counters
-
-__all__ = ["SNAPSHOT", "TorchProfiler", "counter_reader", "profiler"]
+__all__ = ["SNAPSHOT", "TorchObserve", "TorchProfiler"]
 
 SNAPSHOT = "torch_memory_snapshot.pickle"  # the file stop() writes (open it at https://pytorch.org/memory_viz)
-
-
-def counter_reader(backend: Backend, device: int) -> tuple[Callable[[], Counters] | None, str]:
-    """``(allocated, reserved)`` through ``stats(nvml=False)``: the raw C++ stats dict, the cheapest read."""
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch, "cuda", None) is not None and not torch.cuda.is_available():
-        return None, "torch sees no CUDA device here: allocator figures are None"
-
-    def read() -> Counters:
-        snapshot = backend.stats(device, nvml=False)  # Nones until CUDA has started; never starts it
-        return snapshot.allocated, snapshot.reserved
-
-    return read, ""
 
 
 class TorchProfiler:
@@ -59,16 +45,31 @@ class TorchProfiler:
         return target
 
 
-def profiler() -> TorchProfiler:
-    """The profiler, importing torch; ``UnsupportedFeature`` without CUDA (a profile that records
-    nothing would read as "no allocations")."""
-    import torch
+class TorchObserve(Observe):
+    """torch under observation (``ObserveTopic``): its allocator's counters and its CUDA history profiler."""
 
-    if not torch.cuda.is_available():
-        raise UnsupportedFeature(
-            "torch",
-            "profile",
-            "torch records allocator history for CUDA memory only and sees no CUDA device here; "
-            "run on a GPU machine, or profile host memory with a Python profiler (e.g. memray)",
-        )
-    return TorchProfiler(torch)
+    def counter_reader(self, device: int) -> tuple[Callable[[], Counters] | None, str]:
+        """``(allocated, reserved)`` through ``stats(nvml=False)``: the raw C++ stats dict, the cheapest read."""
+        torch = sys.modules.get("torch")
+        if torch is not None and getattr(torch, "cuda", None) is not None and not torch.cuda.is_available():
+            return None, "torch sees no CUDA device here: allocator figures are None"
+
+        def read() -> Counters:
+            snapshot = self.backend.stats(device, nvml=False)  # Nones until CUDA has started; never starts it
+            return snapshot.allocated, snapshot.reserved
+
+        return read, ""
+
+    def profiler(self) -> TorchProfiler:
+        """The profiler, importing torch; ``UnsupportedFeature`` without CUDA (a profile that records
+        nothing would read as "no allocations")."""
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UnsupportedFeature(
+                "torch",
+                "profile",
+                "torch records allocator history for CUDA memory only and sees no CUDA device here; "
+                "run on a GPU machine, or profile host memory with a Python profiler (e.g. memray)",
+            )
+        return TorchProfiler(torch)

@@ -1,9 +1,9 @@
 """Mixed precision for PyTorch: ``torch.autocast`` and a dynamic loss scaler.
 
-The torch adapter's ``precision()`` returns this module, imported only once a policy is
-asked for torch. Every framework's ``precision`` module has the same functions (the
-``PrecisionHelpers`` protocol of ``unimem.backends.base``): ``device``, ``check``,
-``dtype``, ``cast``, ``enable``, ``loss_scaler``.
+This module is the torch adapter's ``precision`` topic, imported only once a policy is
+asked for torch. Every framework's ``precision`` module has the same members (the
+``PrecisionTopic`` protocol of ``unimem.backends.topics``): ``device``, ``check``,
+``dtype``, ``cast``, ``enable``, ``loss_scaler``, ``precision_state_per_thread``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,19 @@ from unimem.errors import ConfigError, UnimemError, UnsupportedFeature
 from unimem.training.loss_scaling import LossScaler, ScalerConfig, next_scale
 from unimem.training.trees import map_leaves, tree_leaves
 
-__all__ = ["TorchLossScaler", "cast", "check", "device", "dtype", "enable", "loss_scaler"]
+__all__ = [
+    "TorchLossScaler",
+    "cast",
+    "check",
+    "device",
+    "dtype",
+    "enable",
+    "loss_scaler",
+    "precision_state_per_thread",
+]
+
+# A policy belongs to the thread that enabled it, which alone may disable it: autocast state is per thread.
+precision_state_per_thread = True
 
 
 def _torch() -> Any:

@@ -1,6 +1,6 @@
 """Memory savers for PyTorch: activation checkpointing and saved tensors kept on the host.
 
-The torch adapter's ``remat`` and ``offload`` call these; torch is imported only here.
+``TorchSavers`` is the torch adapter's ``savers`` topic; torch is imported only inside its methods.
 
 - ``full``: ``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)``.
 - ``matmuls``: the same, with a selective-checkpoint policy that saves the outputs of the
@@ -18,7 +18,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MATMUL_OPS", "offload", "remat"]
+from unimem.backends.base import Savers
+
+__all__ = ["MATMUL_OPS", "TorchSavers"]
 
 # aten ops whose outputs the "matmuls" policy keeps: the matrix products and the fused attention
 # kernels (each exists in some torch builds only, so absent ones are skipped).
@@ -35,16 +37,6 @@ MATMUL_OPS = (
 )
 
 
-def offload() -> contextlib.AbstractContextManager[None]:
-    """``save_on_cpu``, pinned where CUDA is available (pinned host memory copies asynchronously)."""
-    import torch
-
-    context: contextlib.AbstractContextManager[None] = torch.autograd.graph.save_on_cpu(
-        pin_memory=torch.cuda.is_available()
-    )
-    return context
-
-
 def _matmul_context() -> Callable[[], Any]:
     """The ``context_fn`` of a selective checkpoint that saves the outputs of ``MATMUL_OPS``."""
     import torch
@@ -59,23 +51,35 @@ def _matmul_context() -> Callable[[], Any]:
     return functools.partial(create_selective_checkpoint_contexts, policy)
 
 
-def remat(fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
-    """``fn`` wrapped for ``policy`` (``"full"``, ``"matmuls"`` or ``"offload"``)."""
-    from torch.utils.checkpoint import checkpoint, noop_context_fn
+class TorchSavers(Savers):
+    """torch's memory savers (``SaversTopic``): checkpointing, selective or full, and saved tensors on the host."""
 
-    if policy == "offload":
+    def offload(self) -> contextlib.AbstractContextManager[None]:
+        """``save_on_cpu``, pinned where CUDA is available (pinned host memory copies asynchronously)."""
+        import torch
+
+        context: contextlib.AbstractContextManager[None] = torch.autograd.graph.save_on_cpu(
+            pin_memory=torch.cuda.is_available()
+        )
+        return context
+
+    def remat(self, fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
+        """``fn`` wrapped for ``policy`` (``"full"``, ``"matmuls"`` or ``"offload"``)."""
+        from torch.utils.checkpoint import checkpoint, noop_context_fn
+
+        if policy == "offload":
+
+            @functools.wraps(fn)
+            def offloaded(*args: Any, **kwargs: Any) -> Any:
+                with self.offload():
+                    return fn(*args, **kwargs)
+
+            return offloaded
+
+        context_fn = _matmul_context() if policy == "matmuls" else noop_context_fn
 
         @functools.wraps(fn)
-        def offloaded(*args: Any, **kwargs: Any) -> Any:
-            with offload():
-                return fn(*args, **kwargs)
+        def recomputed(*args: Any, **kwargs: Any) -> Any:
+            return checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
 
-        return offloaded
-
-    context_fn = _matmul_context() if policy == "matmuls" else noop_context_fn
-
-    @functools.wraps(fn)
-    def recomputed(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
-
-    return recomputed
+        return recomputed

@@ -1,13 +1,15 @@
 """The ``unimem compare`` workloads in PyTorch (the math is ``unimem.compare.workloads.forward``).
 
-Reached through ``TorchBackend.workload_step`` and ``start_device``; imports torch inside
-each function, so importing this module costs nothing.
+``TorchWorkloads`` is the PyTorch adapter's ``workloads`` topic; it imports torch inside each
+method, so importing this module costs nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from unimem.backends.base import Workloads
 
 from unimem.compare.workloads import (
     LEARNING_RATE,
@@ -18,18 +20,7 @@ from unimem.compare.workloads import (
     parameter_shapes,
 )
 
-__all__ = ["build", "start_device"]
-
-
-def start_device() -> str:
-    """Start CUDA with a tiny op when there is a GPU; the device's name, or ``"cpu"``."""
-    import torch
-
-    if torch.cuda.is_available():
-        torch.zeros(1, device="cuda")
-        torch.cuda.synchronize()
-        return str(torch.cuda.get_device_name(0))
-    return "cpu"
+__all__ = ["TorchWorkloads"]
 
 
 def _ops() -> Any:
@@ -66,29 +57,42 @@ def _ops() -> Any:
     return Ops
 
 
-def build(workload: str, s: Shapes, dtype: str) -> tuple[Callable[[], None], int]:
-    """``(step, parameter_count)``: ``step()`` runs one training step on CUDA (else the CPU) and waits."""
-    import torch
+class TorchWorkloads(Workloads):
+    """The reference workloads in torch (``WorkloadsTopic``), on CUDA when there is a GPU, else the CPU."""
 
-    shapes = parameter_shapes(workload, s)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dt = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    params = {
-        n: (torch.randn(shape, generator=gen) * 0.02).to(device=device, dtype=dt).requires_grad_()
-        for n, shape in shapes.items()
-    }
-    x = torch.randn(input_shape(workload, s), generator=gen).to(device=device, dtype=dt)
-    loss_of = loss_function(_ops(), workload, s, "torch")
+    def start_device(self) -> str:
+        """Start CUDA with a tiny op when there is a GPU; the device's name, or ``"cpu"``."""
+        import torch
 
-    def step() -> None:
-        loss = loss_of(params, x)
-        loss.backward()
-        with torch.no_grad():
-            for p in params.values():
-                p -= LEARNING_RATE * p.grad  # type: ignore[operator]  # set by backward()
-                p.grad = None
-        if device == "cuda":
+        if torch.cuda.is_available():
+            torch.zeros(1, device="cuda")
             torch.cuda.synchronize()
+            return str(torch.cuda.get_device_name(0))
+        return "cpu"
 
-    return step, parameter_count(workload, s)
+    def workload_step(self, workload: str, shapes: Shapes, dtype: str) -> tuple[Callable[[], None], int]:
+        """``(step, parameter_count)``: ``step()`` runs one training step on CUDA (else the CPU) and waits."""
+        import torch
+
+        sizes = parameter_shapes(workload, shapes)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dt = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        params = {
+            n: (torch.randn(shape, generator=gen) * 0.02).to(device=device, dtype=dt).requires_grad_()
+            for n, shape in sizes.items()
+        }
+        x = torch.randn(input_shape(workload, shapes), generator=gen).to(device=device, dtype=dt)
+        loss_of = loss_function(_ops(), workload, shapes, "torch")
+
+        def step() -> None:
+            loss = loss_of(params, x)
+            loss.backward()
+            with torch.no_grad():
+                for p in params.values():
+                    p -= LEARNING_RATE * p.grad  # type: ignore[operator]  # set by backward()
+                    p.grad = None
+            if device == "cuda":
+                torch.cuda.synchronize()
+
+        return step, parameter_count(workload, shapes)

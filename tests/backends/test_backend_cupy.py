@@ -272,7 +272,7 @@ import unimem
 from unimem import registry
 from cupy.cuda.memory import OutOfMemoryError
 from cupy_backends.cuda.api.runtime import CUDARuntimeError
-adapter = registry.adapter_class("cupy")
+adapter = registry.get_backend("cupy").diagnose
 capped = OutOfMemoryError(1024, 0, 4096)
 uncapped = OutOfMemoryError(3 << 30, 5 << 30)
 raw = CUDARuntimeError(2)  # cudaErrorMemoryAllocation: plain cudaMalloc, no pool
@@ -312,7 +312,7 @@ def test_cupys_out_of_memory_errors_are_recognised_and_others_are_not(pyjson):
 
 
 def test_requested_bytes_reads_both_of_the_pools_messages():
-    adapter = registry.adapter_class("cupy")
+    adapter = registry.get_backend("cupy").diagnose
     with_limit = (
         "Out of memory allocating 2,097,152 bytes (allocated so far: 1,024 bytes, limit set to: 1,048,576 bytes)."
     )
@@ -328,7 +328,7 @@ def test_recognition_needs_no_import_and_reads_classes_by_module():
     runtime = type("CUDARuntimeError", (RuntimeError,), {"__module__": "cupy_backends.cuda.api.runtime"})
     cublas = type("CUBLASError", (RuntimeError,), {"__module__": "cupy_backends.cuda.libs.cublas"})
     elsewhere = type("OutOfMemoryError", (Exception,), {"__module__": "somewhere.else"})
-    adapter = registry.adapter_class("cupy")
+    adapter = registry.get_backend("cupy").diagnose
     assert adapter.recognises_oom(oom("x"), "x")
     assert adapter.recognises_oom(runtime("m"), "cudaErrorMemoryAllocation: out of memory")
     assert adapter.recognises_oom(cublas("m"), "CUBLAS_STATUS_ALLOC_FAILED")
@@ -345,7 +345,7 @@ def test_precision_is_unsupported_and_names_astype():
     for feature in ("precision.bf16", "precision.fp16", "precision.loss_scaling"):
         assert not caps[feature].supported and "astype" in caps[feature].note
     with pytest.raises(unimem.UnsupportedFeature) as info:
-        registry.get_backend("cupy").precision()
+        registry.get_backend("cupy").precision.device()
     assert "astype" in str(info.value)
 
 
@@ -365,7 +365,7 @@ def test_phase_and_stats_before_import_start_nothing():
     assert adapter.clear_cache() == 0
     assert adapter.fragmentation() is None
     assert adapter.device_uuid(0) is None
-    reader, note = adapter.counter_reader(0)
+    reader, note = adapter.observe.counter_reader(0)
     assert reader is not None and reader() == (None, None) and note == ""
     assert "cupy" not in sys.modules
 
@@ -377,7 +377,7 @@ def test_device_uuid_is_spelled_as_nvml_spells_it():
 
 
 def test_search_hooks_hold_the_pools_overhead_against_the_cap():
-    adapter = registry.adapter_class("cupy")()
+    adapter = registry.adapter_class("cupy")().search
     assert adapter.release_every_trial is True
     assert adapter.pool_overhead(100, 160) == 60
     assert adapter.pool_overhead(None, 160) == 0

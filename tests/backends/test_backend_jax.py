@@ -21,7 +21,9 @@ from unimem.import_hooks import pending_hooks
 from unimem.testing import BackendContract
 
 FRACTION_VAR = jax_configure.fraction_variable()
-OTHER_FRACTION_VAR = jax_configure.FRACTION_OLD if FRACTION_VAR == jax_configure.FRACTION_NEW else jax_configure.FRACTION_NEW
+OTHER_FRACTION_VAR = (
+    jax_configure.FRACTION_OLD if FRACTION_VAR == jax_configure.FRACTION_NEW else jax_configure.FRACTION_NEW
+)
 
 
 class TestJaxContract(BackendContract):
@@ -226,7 +228,7 @@ def test_search_capacity_under_growth_is_one_piece_of_the_pool():
     # With growth on a step's new bytes must come from one region: the room left under the cap,
     # or the largest free block, whichever is larger; a preallocated pool is one region (the cap).
     GiB = 1 << 30
-    adapter = jax_backend.JaxBackend()
+    adapter = jax_backend.JaxBackend().search
 
     def pool(reserved: int, in_use: int, block: int) -> unimem.MemoryStats:
         return unimem.MemoryStats(

@@ -75,7 +75,7 @@ def cupy_cap(fraction: float | None = None, limit: str | None = None, after_impo
             R["oom_type"] = f"{type(exc).__module__}.{type(exc).__qualname__}"
             R["oom_message"] = str(exc)[:400]
             R["is_oom"] = unimem.is_oom(exc)
-            R["requested"] = _adapter().requested_bytes(str(exc))
+            R["requested"] = _adapter().diagnose.requested_bytes(str(exc))
             break
         max_raw = max(max_raw, raw_process_used(handle) or 0)
         max_total = max(max_total, int(cupy.get_default_memory_pool().total_bytes()))

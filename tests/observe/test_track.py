@@ -24,6 +24,10 @@ class FakeAllocator:
 
     peak_reset_exact = False  # an emulated reset here is JAX's: the peak cannot restart
 
+    @property
+    def observe(self) -> FakeAllocator:  # its observe topic, whose flag track() reads, is itself
+        return self
+
     def __init__(self, name: str, reset: Level) -> None:
         self.name = name
         self.CAPABILITIES = {"reset_peak": Support(reset)}

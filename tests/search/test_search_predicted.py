@@ -48,13 +48,13 @@ _SEARCH = (
     + r"""
 LIMIT = need(21_000) + 12_345  # the largest size under it: 21000
 import threading
-import unimem.backends.jax.search as jax_search
+from unimem.backends.jax.search import JaxSearch
 sized_in = set()
-_predict_peak = jax_search.predict_peak
-def spy(lowered):  # the threads XLA compiled the predictions in
+_predict_peak = JaxSearch.predict_peak
+def spy(self, lowered):  # the threads XLA compiled the predictions in
     sized_in.add(threading.current_thread().name.rsplit("_", 1)[0])
-    return _predict_peak(lowered)
-jax_search.predict_peak = spy
+    return _predict_peak(self, lowered)
+JaxSearch.predict_peak = spy
 calls = []
 def step(n):
     calls.append(n)
@@ -80,9 +80,9 @@ _MEASURED = (
     _STEP
     + r"""
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
-from unimem.backends.jax.search import predict_peak
+from unimem import registry
 compiled = lower(n).compile()
-predicted = predict_peak(compiled)
+predicted = registry.get_backend("jax").search.predict_peak(compiled)
 xla_own = compiled.memory_analysis().peak_memory_in_bytes
 grad(w, jnp.ones((8, D), jnp.float32)).block_until_ready()  # the runtime's first-call buffers, outside the reading
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -142,7 +142,7 @@ def measure(
     applied = unimem.configure(backend=framework, strict=False, **CONFIGS[config])
     result["applied"] = [f"{a.setting}={a.value}: {a.status}" + (f" ({a.note})" if a.note else "") for a in applied]
     t0 = time.perf_counter()
-    result["device"] = registry.get_backend(framework).start_device()
+    result["device"] = registry.get_backend(framework).workloads.start_device()
     result["start_seconds"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     result["warm_up"] = list(dict.fromkeys([*warm, config]))

@@ -177,4 +177,4 @@ def forward(ops: Any, workload: str, s: Shapes, params: dict[str, Any], x: Any) 
 def build_step(framework: str, workload: str, s: Shapes, dtype: str) -> tuple[Callable[[], None], int]:
     """``(step, parameter_count)``: ``step()`` runs one training step and waits for it."""
     parameter_shapes(workload, s)  # an unknown workload is a ValueError before any framework is imported
-    return registry.get_backend(framework).workload_step(workload, s, dtype)
+    return registry.get_backend(framework).workloads.workload_step(workload, s, dtype)

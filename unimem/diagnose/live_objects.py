@@ -1,7 +1,7 @@
 """What holds memory in this process: the largest live tensors and arrays per framework.
 
 Read at an out-of-memory failure, while the failed step's frames are still alive. Each
-backend scans its own (``Backend.live_memory``); frameworks whose scan walks the garbage
+backend scans its own (its ``diagnose`` topic's ``live_memory``); frameworks whose scan walks the garbage
 collector's objects share one pass over ``gc.get_objects()`` (a fraction of a second for
 a million objects), others list their own live arrays. Only the ``top`` largest are kept,
 as descriptions: the report must not keep a tensor alive.
@@ -87,15 +87,15 @@ def scan(frameworks: list[str], places: dict[str, str | None], top: int) -> list
         except BackendUnavailable:  # not installed: it holds nothing here
             continue
     found: list[LiveMemory] = []
-    objects = gc.get_objects() if any(adapter.scan_needs_gc for _, adapter in adapters) else []
+    objects = gc.get_objects() if any(adapter.diagnose.scan_needs_gc for _, adapter in adapters) else []
     try:
         # Some objects warn when merely inspected (deprecated lazy proxies such as
         # torch.distributed.reduce_op): the scan must not spray the user's log.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for name, adapter in adapters:
-                given = objects if adapter.scan_needs_gc else []
-                result = adapter.live_memory(given, places.get(name), top)
+                given = objects if adapter.diagnose.scan_needs_gc else []
+                result = adapter.diagnose.live_memory(given, places.get(name), top)
                 if result is not None:
                     found.append(result)
     finally:

@@ -1,10 +1,10 @@
 """Recognise out-of-memory errors of every framework, and read what they say.
 
 Shared by ``unimem.diagnose.guard`` (the guard) and ``unimem.diagnose.report`` (the report), so neither
-imports the other. Nothing here imports a framework: each backend's adapter class
-recognises its own errors from class names, modules and messages
-(``Backend.recognises_oom``), and reads the bytes asked for from its own messages
-(``Backend.requested_bytes``). The adapter classes are data and methods, imported once.
+imports the other. Nothing here imports a framework: each installed backend's ``diagnose``
+topic recognises its own errors from class names, modules and messages (``recognises_oom``),
+and reads the bytes asked for from its own messages (``requested_bytes``). The adapters
+are read once.
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ if TYPE_CHECKING:
 __all__ = ["clear_frames", "error_text", "find_oom", "framework_of", "is_oom", "requested_bytes"]
 
 _MAX_CHAIN = 64  # exceptions visited in one chain: a bound against pathological graphs
-_adapters: list[type[Backend]] = []  # every backend's adapter class, in registry order, once read
+_adapters: list[Backend] = []  # every installed backend's adapter, in registry order, once read
 
 
-def adapter_classes() -> list[type[Backend]]:
-    """Every registered backend's adapter class, in registry order (read once: ``is_oom``
-    runs in except blocks and search loops, and must stay cheap)."""
+def adapters() -> list[Backend]:
+    """Every installed backend's adapter, in registry order (read once: ``is_oom`` runs in except
+    blocks and search loops, and must stay cheap). A framework that is not installed raised nothing."""
     if not _adapters:
         found = []
         for name in registry.all_backends():  # plug-ins too: their errors are theirs to recognise
             try:
-                found.append(registry.adapter_class(name))
-            except Exception:  # an adapter that cannot be loaded recognises nothing
+                found.append(registry.get_backend(name))
+            except Exception:  # not installed, or an adapter that cannot be loaded: it recognises nothing
                 continue
         _adapters[:] = found
     return _adapters
@@ -50,7 +50,7 @@ def _is_oom_itself(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError):
         return True
     message = error_text(exc)
-    return any(adapter.recognises_oom(exc, message) for adapter in adapter_classes())
+    return any(adapter.diagnose.recognises_oom(exc, message) for adapter in adapters())
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -124,8 +124,8 @@ def framework_of(exc: BaseException) -> str | None:
     error or whose module its class comes from; None for a plain ``MemoryError`` or an
     error unimem does not know."""
     message = error_text(exc)
-    for adapter in adapter_classes():
-        if adapter.recognises_oom(exc, message) or adapter.owns_error(exc):
+    for adapter in adapters():
+        if adapter.diagnose.recognises_oom(exc, message) or adapter.diagnose.owns_error(exc):
             return adapter.name
     return None
 
@@ -140,8 +140,8 @@ def requested_bytes(message: str) -> tuple[int, str] | None:
     "allocating N bytes", "(NB)"; TensorFlow: "OOM when allocating tensor with
     shape[64,1024] and type float" (elements × dtype size; unknown dtypes give None).
     """
-    for adapter in adapter_classes():
-        found = adapter.requested_bytes(message)
+    for adapter in adapters():
+        found = adapter.diagnose.requested_bytes(message)
         if found is not None:
             return found
     return None

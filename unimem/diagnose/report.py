@@ -183,7 +183,7 @@ def _place(oom: BaseException, framework: str | None, device: int, message: str)
     if framework is None:
         return "cpu" if isinstance(oom, MemoryError) else None
     try:
-        return registry.get_backend(framework).oom_place(oom, device, message)
+        return registry.get_backend(framework).diagnose.oom_place(oom, device, message)
     except Exception:  # an adapter that cannot be had or cannot tell: unknown
         return None
 
@@ -193,7 +193,7 @@ def _place_for(framework: str, place: str | None) -> str | None:
     if place is None:
         return None
     try:
-        return registry.get_backend(framework).place_spelling(place)
+        return registry.get_backend(framework).diagnose.place_spelling(place)
     except Exception:  # an adapter that cannot be had: scan every device
         return None
 
@@ -214,7 +214,7 @@ def _precision_on(framework: str | None, live: list[LiveMemory]) -> tuple[bool |
         if framework in enabled_backends():
             return True, "a unimem.mixed_precision policy is enabled"
         try:
-            told = registry.get_backend(framework).precision_in_force()
+            told = registry.get_backend(framework).diagnose.precision_in_force()
         except Exception:  # the framework's own switch cannot be read: judge by the tensors
             told = None
         if told is not None:

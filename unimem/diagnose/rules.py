@@ -83,7 +83,7 @@ class Traits:
     @classmethod
     def of(cls, name: str) -> Traits:
         try:
-            adapter = registry.adapter_class(name)
+            adapter = registry.get_backend(name)
         except Exception:  # an adapter that cannot be loaded: nothing known
             return cls(name)
         expandable = adapter.CAPABILITIES.get("allocator.expandable")
@@ -92,8 +92,8 @@ class Traits:
             keeps_failed_outputs=adapter.failed_step_keeps_outputs,
             preallocates=adapter.preallocation_var is not None,
             expandable=expandable is not None and expandable.supported,
-            accumulation_code=adapter.accumulation_code,
-            checkpoint_code=adapter.checkpoint_code,
+            accumulation_code=adapter.diagnose.accumulation_code,
+            checkpoint_code=adapter.diagnose.checkpoint_code,
         )
 
 

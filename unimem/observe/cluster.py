@@ -225,7 +225,7 @@ class ClusterStats:
 
 def _transport() -> tuple[str, KeyValueStore] | None:
     for name in registry.imported_frameworks():
-        found = registry.get_backend(name).distributed_store()
+        found = registry.get_backend(name).distributed.distributed_store()
         if found is not None:
             return f"{name} runtime", found
     return None

@@ -94,7 +94,7 @@ def counter_reader(name: str | None, device: int) -> tuple[Callable[[], Counters
     """
     if name is None or not registry.is_framework(name):
         return None, "no framework in use: allocator figures are not sampled"
-    return registry.get_backend(name).counter_reader(device)
+    return registry.get_backend(name).observe.counter_reader(device)
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -14,7 +14,7 @@
   memory profile tab; ``tensorboard --logdir PATH``). Works on the CPU.
 
 ``path`` is a directory (created); ``paths`` lists the files written. Each profiler is
-its backend's (``Backend.profiler()``); this module drives it and knows no framework.
+its backend's (``adapter.observe.profiler()``); this module drives it and knows no framework.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class Profile:
         before anything has run. ``UnsupportedFeature`` where that backend has none usable here."""
         if self._profiler is None:
             name = registry.resolve(self._requested, "action") or registry.FRAMEWORK_FREE
-            self._profiler = registry.get_backend(name).profiler()
+            self._profiler = registry.get_backend(name).observe.profiler()
             self.backend = name
         return self._profiler
 

@@ -68,7 +68,7 @@ def _peak_mode(name: str, fallback: bool) -> str:
         return MODE_NONE
     backend = registry.get_backend(name)
     level = backend.CAPABILITIES["reset_peak"].level
-    if level is Level.NATIVE or (level is Level.EMULATED and backend.peak_reset_exact):
+    if level is Level.NATIVE or (level is Level.EMULATED and backend.observe.peak_reset_exact):
         return MODE_RESET
     if level is Level.EMULATED:
         return MODE_COMPARE

@@ -22,10 +22,10 @@ __all__ = ["attempt", "mark", "tell_ranks"]
 def _step_error_note(adapter: Backend | None, exc: BaseException, after_oom: bool) -> str | None:
     """What a framework says caused a step's own error: the search's framework first, then each
     one imported (the step may run one whose figures the search does not read)."""
-    classes: list[type[Backend]] = [type(adapter)] if adapter is not None else []
-    classes += [registry.adapter_class(name) for name in registry.imported_frameworks()]
-    for cls in dict.fromkeys(classes):
-        note = cls.explain_step_error(exc, after_oom)
+    adapters: list[Backend] = [adapter] if adapter is not None else []
+    adapters += [registry.get_backend(name) for name in registry.imported_frameworks()]
+    for each in dict.fromkeys(adapters):
+        note = each.search.explain_step_error(exc, after_oom)
         if note is not None:
             return note
     return None

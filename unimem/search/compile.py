@@ -1,8 +1,8 @@
 """Sizing several batch sizes of a step at once, for the batch search's predictions.
 
 ``lower(n)`` is the user's code: it runs in the calling thread, one size after another.
-What it returns is then sized by the framework (``Backend.predict_peak`` compiles it), in
-threads where the framework allows (``Backend.predicts_concurrently``): XLA compiles with the
+What it returns is then sized by the framework (``adapter.search.predict_peak`` compiles it), in
+threads where the framework allows (``adapter.search.predicts_concurrently``): XLA compiles with the
 interpreter released, so two sizes compiled at once take about the time of one and a third
 (docs/measurements.md, "What a compilation costs"). No framework is imported here.
 """

@@ -38,7 +38,7 @@ def _whole(value: object) -> bool:
 def _size_lowered(run: Run, lowered: Any) -> tuple[int, int | None] | None:
     """The predicted peak and largest single buffer of what ``lower(n)`` returned: an int is
     taken as the peak's bytes, a pair of ints as both; else the search's framework sizes it,
-    then each one imported (``Backend.predict_peak``, ``Backend.predict_largest_buffer``)."""
+    then each one imported (``adapter.search.predict_peak``, ``predict_largest_buffer``)."""
     pair = isinstance(lowered, tuple) and len(lowered) == 2 and all(map(_whole, lowered))
     if _whole(lowered) or pair:
         peak, largest = (lowered, None) if _whole(lowered) else lowered
@@ -52,11 +52,11 @@ def _size_lowered(run: Run, lowered: Any) -> tuple[int, int | None] | None:
     adapters = [run.adapter] if run.adapter is not None else []
     adapters += [registry.get_backend(name) for name in registry.imported_frameworks()]
     for adapter in dict.fromkeys(adapters):
-        value = adapter.predict_peak(lowered)
+        value = adapter.search.predict_peak(lowered)
         if value is not None:
-            if run.scale is not None and adapter.predicts_concurrently:
+            if run.scale is not None and adapter.search.predicts_concurrently:
                 run.scale.width = _COMPILE_WIDTH
-            return value, adapter.predict_largest_buffer(lowered)
+            return value, adapter.search.predict_largest_buffer(lowered)
     return None
 
 

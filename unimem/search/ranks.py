@@ -116,7 +116,7 @@ def connect(collective: bool | None, timeout: float) -> Ranks | None:
     if collective is False:
         return None
     for name in registry.imported_frameworks():
-        store = registry.get_backend(name).distributed_store()
+        store = registry.get_backend(name).distributed.distributed_store()
         if store is not None and store.world_size > 1:
             return Ranks(store, f"{name} runtime", timeout, f"unimem/find_batch_size/{next(_searches)}/")
     info = ranks.rank_info(runtime=False)

@@ -366,7 +366,7 @@ def saturation_note(
     """Said when the peaks show the step saving memory to fit: a knee near the limit (see
     ``knee``), or a size whose peak reached the limit while a larger one, which the peaks'
     slope says cannot fit, still ran (clamped at the cap while the framework saves memory).
-    ``cause`` names how it saves it (the framework's own words: ``Backend.saturation_cause``)."""
+    ``cause`` names how it saves it (the framework's own words: ``adapter.search.saturation_cause``)."""
     if limit is None:
         return None
     bend = knee(points, limit)

@@ -141,10 +141,10 @@ def _nothing_fits(run: Run) -> OutOfMemory:
 
 
 def _quiet(step: Callable[[int], Any], model: Any) -> Callable[[int], Any]:
-    """``step`` run inside the context the model's framework gives each trial (``Backend.trial_context``),
+    """``step`` run inside the context the model's framework gives each trial (``adapter.search.trial_context``),
     in which the model makes no collective of its own."""
     for name in registry.imported_frameworks():
-        enter = registry.get_backend(name).trial_context(model)
+        enter = registry.get_backend(name).search.trial_context(model)
         if enter is not None:
 
             def quiet(size: int, enter: Callable[[], contextlib.AbstractContextManager[None]] = enter) -> Any:
@@ -299,7 +299,7 @@ def _saturation_cause(run: Run) -> str | None:
     adapter = run.adapter
     if adapter is None:
         return SATURATION_CAUSE
-    return adapter.saturation_cause if adapter.rematerializes else None
+    return adapter.search.saturation_cause if adapter.search.rematerializes else None
 
 
 def _failed_after(run: Run) -> bool:
@@ -317,7 +317,7 @@ def _kept_note(run: Run) -> str | None:
     return (
         f"{format_bytes(total)} stayed in use after {len(failed)} failed trial(s) "
         f"({', '.join(f'{t.batch_size}: {format_bytes(t.kept or 0)}' for t in failed)}): "
-        f"{run.adapter.kept_outputs_note}"
+        f"{run.adapter.search.kept_outputs_note}"
     )
 
 
@@ -339,10 +339,10 @@ def _rerun(step: Callable[[int], Any], run: Run, size: int, reason: str) -> Tria
 
 def _settling(run: Run) -> contextlib.AbstractContextManager[None]:
     """Where the framework has a better moment to release the pool during the settle call
-    than before it (``Backend.settle``), the context that does so."""
+    than before it (``adapter.search.settle``), the context that does so."""
     if run.adapter is None:
         return contextlib.nullcontext()
-    return run.adapter.settle(lambda: release(run))
+    return run.adapter.search.settle(lambda: release(run))
 
 
 def _confirm(step: Callable[[int], Any], run: Run) -> tuple[int, tuple[Trial, ...], bool | None]:
@@ -350,7 +350,7 @@ def _confirm(step: Callable[[int], Any], run: Run) -> tuple[int, tuple[Trial, ..
     on the pool's history (cached segments split by the failed step; a pool after an OOM),
     and the caller will run it next. If it fails, one step down by the margin; after one
     that runs, a call at ``start`` ("settle") where the framework asks for one
-    (``Backend.settle_call``). Every call counts against ``max_trials``.
+    (``adapter.search.settle_call``). Every call counts against ``max_trials``.
     Returns the answer, the re-runs, and whether one ran (None: not needed, or no call left)."""
     settings, good = run.settings, run.good
     if not settings.confirm or run.out_of_time or not _failed_after(run):
@@ -362,7 +362,12 @@ def _confirm(step: Callable[[int], Any], run: Run) -> tuple[int, tuple[Trial, ..
             break
         done.append(_rerun(step, run, size, "confirm"))
         if done[-1].fits:
-            if settings.start < size and run.calls < settings.max_trials and run.adapter and run.adapter.settle_call:
+            if (
+                settings.start < size
+                and run.calls < settings.max_trials
+                and run.adapter
+                and run.adapter.search.settle_call
+            ):
                 # What the step keeps between calls (gradients set to None at the next step's
                 # start) was allocated inside the answer's large segments, which it now pins:
                 # one call at ``start``, with the pool released where the framework says

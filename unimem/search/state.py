@@ -128,16 +128,16 @@ def capacity_of(run: Run, snapshot: MemoryStats | None) -> int | None:
     pool's pieces are then held against each size's largest buffer (``Scale.room``)."""
     if snapshot is None or run.adapter is None:
         return None
-    if run.scale is not None and run.scale.largest and run.adapter.search_largest_buffer(snapshot) is not None:
+    if run.scale is not None and run.scale.largest and run.adapter.search.search_largest_buffer(snapshot) is not None:
         return snapshot.limit
-    return run.adapter.search_capacity(snapshot)
+    return run.adapter.search.search_capacity(snapshot)
 
 
 def room_of(run: Run, snapshot: MemoryStats | None) -> int | None:
     """The largest buffer the allocator can hand out now (figures from the framework only)."""
     if snapshot is None or run.adapter is None or run.settings.measure is not None:
         return None
-    return run.adapter.search_largest_buffer(snapshot)
+    return run.adapter.search.search_largest_buffer(snapshot)
 
 
 def measured_by(run: Run) -> str:
@@ -222,7 +222,7 @@ def release(run: Run, *, failed: bool = False, final: bool = False) -> None:
         gc.collect()  # a failed step's objects may sit in reference cycles
     if run.adapter is None:
         return
-    if run.adapter.release_every_trial or final:
+    if run.adapter.search.release_every_trial or final:
         # Every trial where that is cheap, so the next peak is measured from a clean pool;
         # elsewhere at the end only (clearing may drop compiled steps, or cannot free).
         with warnings.catch_warnings():
@@ -243,7 +243,7 @@ def read_peak(run: Run) -> tuple[int | None, int | None, int | None]:
     peak, peak_reserved = figures.peak_allocated, figures.peak_reserved
     overhead = None
     if peak is not None and peak_reserved is not None:
-        overhead = run.adapter.pool_overhead(peak, peak_reserved)
+        overhead = run.adapter.search.pool_overhead(peak, peak_reserved)
     return peak, peak_reserved, overhead
 
 
@@ -302,11 +302,11 @@ def upper_bound(run: Run) -> int | None:
 
 
 def _line_bound(run: Run) -> int | None:
-    """Where a framework that never trades compute for memory (``Backend.rematerializes``) holds
+    """Where a framework that never trades compute for memory (``adapter.search.rematerializes``) holds
     a step whose peaks grow at least linearly, the sizes above the largest measured one that the
     limit leaves room for: none past ``line_bound``. None unless a sure bound still stands."""
     adapter = run.adapter
-    if adapter is None or adapter.rematerializes or run.limit is None or run.sure_refuted:
+    if adapter is None or adapter.search.rematerializes or run.limit is None or run.sure_refuted:
         return None
     # What failed trials kept since the largest point ran is lost to every size above it.
     largest = max(run.points, default=None)

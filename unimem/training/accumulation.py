@@ -227,7 +227,7 @@ def accumulate(
         if name is None:  # an action always names one or raises; kept for the type checker
             raise ConfigError("backend", "pass backend= the framework the model runs in")
         adapter = registry.get_backend(name)
-        skip = adapter.no_sync
+        skip = adapter.accumulation.no_sync
     start = 0
     for index, size in enumerate(sizes):
         last = index == len(sizes) - 1
@@ -273,4 +273,4 @@ def accumulate_grads(total: Any, grads: Any, weight: float = 1.0, *, backend: st
     name = registry.resolve(backend, "action")
     if name is None:  # an action always names one or raises; kept for the type checker
         raise ConfigError("backend", "pass backend= the framework the gradients come from")
-    return registry.get_backend(name).add_gradients(total, grads, float(weight))
+    return registry.get_backend(name).accumulation.add_gradients(total, grads, float(weight))

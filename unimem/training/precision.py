@@ -396,7 +396,7 @@ def mixed_precision(precision: str, backend: str | None = None) -> Policy:
             note = support.note if support is not None else "no capability entry"
             raise UnsupportedFeature(name, chosen.feature, f"{note}; pass {_choices()}")
     adapter = registry.get_backend(name)  # BackendUnavailable with the install hint when it is missing
-    helpers = adapter.precision()
+    helpers = adapter.precision
     device = helpers.device()
     helpers.check(chosen.name, chosen.compute_dtype, device)  # ConfigError("precision", reason)
-    return Policy(chosen, name, helpers, device, per_thread=adapter.precision_state_per_thread)
+    return Policy(chosen, name, helpers, device, per_thread=helpers.precision_state_per_thread)

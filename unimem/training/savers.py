@@ -68,7 +68,7 @@ def remat(fn: Callable[..., Any], policy: str = "full", backend: str | None = No
     if not callable(fn):
         raise ConfigError("fn", f"expected the block to recompute (a function, module or layer), got {fn!r}")
     key = _policy(policy)
-    return registry.get_backend(_framework(backend)).remat(fn, key)
+    return registry.get_backend(_framework(backend)).savers.remat(fn, key)
 
 
 def offload(backend: str | None = None) -> contextlib.AbstractContextManager[None]:
@@ -96,4 +96,4 @@ def offload(backend: str | None = None) -> contextlib.AbstractContextManager[Non
         loss.backward()
         ```
     """
-    return registry.get_backend(_framework(backend)).offload()
+    return registry.get_backend(_framework(backend)).savers.offload()
