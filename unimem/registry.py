@@ -36,6 +36,7 @@ __all__ = [
     "note_configured",
     "resolve",
     "started_frameworks",
+    "topic_members",
 ]
 
 
@@ -290,3 +291,10 @@ def get_backend(name: str) -> Backend:
 def capability_table(name: str) -> dict[str, Support]:
     """The capability table of ``name``, installed or not (it is data)."""
     return dict(adapter_class(name).CAPABILITIES)
+
+
+def topic_members() -> dict[str, list[str]]:
+    """Each topic accessor of ``Backend`` (``"diagnose"``, ``"search"``, ...) and the members its object
+    must have, from the topic's Protocol (``unimem.backends.topics``); imports no framework."""
+    topics = importlib.import_module("unimem.backends.topics")
+    return {name: topics.members(protocol) for name, protocol in topics.TOPICS.items()}

@@ -23,6 +23,18 @@ must be installed: a missing one fails the suite rather than skipping it.
 
 Each test names the capability-table features it is evidence for (``covers_features``);
 the project's matrix generator turns them into ``backend:feature`` cells.
+
+What a backend is (``unimem.backends.base.Backend``): a core every backend answers (identity,
+``CAPABILITIES``, ``phase``, ``check``/``plan``, ``stats``, ``reset_peak``, ``clear_cache``,
+``fragmentation``, ``device_uuid``), and one accessor per topic, each typed by a Protocol of
+``unimem.backends.topics``: ``diagnose`` (``DiagnoseTopic``: OOM recognition, the report's
+places, live arrays), ``observe`` (``ObserveTopic``: the monitor's counters, the profiler),
+``precision`` (``PrecisionTopic``), ``savers`` (``SaversTopic``: ``remat``, ``offload``),
+``accumulation`` (``AccumulationTopic``), ``search`` (``SearchTopic``: what ``find_batch_size``
+asks), ``distributed`` (``DistributedTopic``: the rank's pin, the runtime's store) and
+``workloads`` (``WorkloadsTopic``: ``unimem compare``). A topic the framework lacks keeps the
+base's default, which answers "cannot" as the capability table's unsupported rows say; the
+suite checks every topic has its protocol's members and refuses what the table refuses.
 """
 
 from __future__ import annotations
@@ -430,6 +442,33 @@ class BackendContract:
                 elif action.status == "skipped":
                     assert action.note, f"{feature}: skipped without a note"
         assert checked, "no env-level feature set any variable"
+
+    # --- topics (read in this process; none imports the framework) ---------------------
+    def test_every_topic_has_its_protocols_members(self) -> None:
+        adapter = registry.get_backend(self.backend)
+        for topic, names in registry.topic_members().items():
+            found = getattr(adapter, topic)
+            missing = [name for name in names if not hasattr(found, name)]
+            assert not missing, f"{self.backend}.{topic} lacks {missing} (unimem.backends.topics)"
+        assert self.module not in sys.modules, "making a topic imported the framework"
+
+    def test_topics_refuse_what_the_capability_table_calls_unsupported(self) -> None:
+        caps = unimem.capabilities(self.backend)
+        adapter = registry.get_backend(self.backend)
+        for policy in ("full", "matmuls", "offload"):
+            if not caps[f"remat.{policy}"].supported:
+                with pytest.raises(unimem.UnsupportedFeature) as info:
+                    adapter.savers.remat(lambda: None, policy)
+                assert info.value.backend == self.backend and info.value.feature == f"remat.{policy}"
+        if not caps["accumulate"].supported:
+            with pytest.raises(unimem.UnsupportedFeature):
+                adapter.accumulation.add_gradients(None, 1.0, 1.0)
+        if not any(caps[f"precision.{p}"].supported for p in ("bf16", "fp16")):
+            with pytest.raises(unimem.UnsupportedFeature):
+                adapter.precision.device()
+        if not caps["ranks.cluster"].supported:
+            assert adapter.distributed.distributed_store() is None
+        assert self.module not in sys.modules
 
     def test_strict_must_be_a_bool(self) -> None:
         with pytest.raises(unimem.ConfigError) as info:
