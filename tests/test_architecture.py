@@ -9,7 +9,9 @@
 - no ``_``-prefixed name is imported or reached from another module of the front;
 - no import cycle among the modules of ``unimem`` and ``unimem.backends``, imports inside
   functions included (``if TYPE_CHECKING:`` blocks excepted);
-- no function is much over 80 lines.
+- no function is much over 80 lines;
+- every module in ``backends/<name>/`` is named from the design's list (``TOPIC_MODULES``) or
+  starts with ``_`` (a private helper).
 
 Framework names come from the registry's table and the adapters' ``error_modules``, so a
 new backend is covered the day it is registered.
@@ -155,6 +157,48 @@ def _names_a_framework(text: str) -> bool:
 def test_framework_names_come_from_the_registry():
     assert {"torch", "tensorflow", "jax", "jaxlib", "keras", "pynvml"} <= NAMES
     assert set(registry.BACKENDS) <= NAMES
+
+
+# The module names of an adapter folder (docs/api/backends.md): the adapter, its planning, one per topic.
+TOPIC_MODULES = (
+    "adapter",
+    "configure",
+    "observe",
+    "diagnose",
+    "precision",
+    "savers",
+    "accumulation",
+    "search",
+    "distributed",
+    "workloads",
+)
+
+
+def _misnamed(paths: list[Path]) -> list[str]:
+    """Modules of ``backends/<name>/`` whose name is neither in ``TOPIC_MODULES`` nor private."""
+    bad = []
+    for path in paths:
+        parts = path.relative_to(BACKENDS).parts
+        if len(parts) == 1:
+            continue  # backends/base.py, steps.py, topics.py: the shared layer, not an adapter folder
+        if len(parts) > 2 or not (path.stem in TOPIC_MODULES or path.stem.startswith("_")):
+            bad.append(path.relative_to(REPO).as_posix())
+    return bad
+
+
+def test_adapter_folders_hold_topic_modules_and_private_helpers():
+    """A reader finds a framework's search in ``backends/<name>/search.py``, and nothing else by that name."""
+    assert not _misnamed([s.path for s in BACKEND_SOURCES])
+    for name in registry.BACKENDS:
+        assert (BACKENDS / name / "adapter.py").is_file(), name
+
+
+def test_the_module_name_rule_catches_a_stray_module():
+    made_up = [BACKENDS / "torch" / "pools.py", BACKENDS / "torch" / "_pools.py", BACKENDS / "torch" / "sub" / "x.py"]
+    assert _misnamed([*made_up, BACKENDS / "torch" / "search.py", BACKENDS / "steps.py"]) == [
+        "backends/torch/pools.py",
+        "backends/torch/sub/x.py",
+    ]
 
 
 @pytest.mark.parametrize("source", FRONT_SOURCES, ids=lambda s: s.rel)
