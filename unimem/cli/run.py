@@ -21,7 +21,7 @@ from unimem.errors import UnimemWarning
 
 __all__ = ["child_environment", "exec_command", "one_line_warnings"]
 
-BOOTSTRAP = Path(__file__).resolve().parent / "_bootstrap"
+BOOTSTRAP = Path(__file__).resolve().parent.parent / "_bootstrap"
 
 
 def _encode(key: str, value: Any) -> str:
