@@ -21,6 +21,8 @@ import importlib
 import importlib.metadata
 import os
 import sys
+import types
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from functools import cached_property
@@ -43,7 +45,7 @@ from unimem.backends.topics import (
 )
 
 from unimem.config import Settings
-from unimem.errors import ConfigError, UnsupportedFeature
+from unimem.errors import ConfigError, UnimemWarning, UnsupportedFeature
 from unimem.import_hooks import pending_hooks, when_imported
 from unimem.memory_stats import MemoryStats
 from unimem.support import Phase, Support, When
@@ -73,6 +75,31 @@ __all__ = [
     "pending_hooks",
     "when_imported",
 ]
+
+
+# Members an adapter class had before the topics, and the topic that holds each now: a subclass
+# that still defines one would be ignored without a word, so it is told where the member went.
+_MOVED = {
+    **dict.fromkeys(
+        ("owns_error", "recognises_oom", "requested_bytes", "oom_place", "place_spelling", "precision_in_force"),
+        "diagnose",
+    ),
+    **dict.fromkeys(("live_memory", "scan_needs_gc", "accumulation_code", "checkpoint_code"), "diagnose"),
+    **dict.fromkeys(("counter_reader", "profiler", "peak_reset_exact"), "observe"),
+    "precision_state_per_thread": "precision",
+    **dict.fromkeys(("remat", "offload"), "savers"),
+    **dict.fromkeys(("no_sync", "add_gradients"), "accumulation"),
+    **dict.fromkeys(
+        ("release_every_trial", "settle_call", "rematerializes", "saturation_cause", "predicts_concurrently"),
+        "search",
+    ),
+    **dict.fromkeys(("kept_outputs_note", "search_capacity", "pool_overhead", "settle", "predict_peak"), "search"),
+    **dict.fromkeys(
+        ("predict_largest_buffer", "search_largest_buffer", "trial_context", "explain_step_error"), "search"
+    ),
+    **dict.fromkeys(("plan_pin", "distributed_store"), "distributed"),
+    **dict.fromkeys(("start_device", "workload_step"), "workloads"),
+}
 
 
 class Backend(ABC):
@@ -150,6 +177,23 @@ class Backend(ABC):
     runs_workloads: ClassVar[bool] = False
     # Variables a fresh process running its workload starts with unless the user set them (quieter logs).
     workload_env: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Warn of members an adapter written before the topics defines, which unimem no longer reads."""
+        super().__init_subclass__(**kwargs)
+        advice = [
+            f"{cls.__name__}.{name} is not read: unimem reads it from the {topic!r} topic; move it to a subclass "
+            f"of unimem.backends.base.{topic.capitalize()} that {cls.__name__}.{topic} returns"
+            for name, topic in _MOVED.items()
+            if name in vars(cls)
+        ]
+        if isinstance(vars(cls).get("precision"), types.FunctionType):  # a method where the accessor is
+            advice.append(
+                f"{cls.__name__}.precision is a method: make it a @cached_property returning the helpers "
+                "(with precision_state_per_thread), as unimem.mixed_precision reads it without calling it"
+            )
+        for text in advice:
+            warnings.warn(f"{text} (docs/api/backends.md)", UnimemWarning, stacklevel=2)
 
     # --- identity ---------------------------------------------------------
     def version(self) -> str | None:

@@ -197,3 +197,40 @@ def test_the_plug_in_passes_the_conformance_suite(installed_toy: Path, tmp_path:
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout and "skipped" not in proc.stdout
+
+
+def test_a_member_written_before_the_topics_is_not_ignored_without_a_word() -> None:
+    """An adapter class that still defines a member a topic now holds is told which topic reads it."""
+    from unimem.backends.base import Backend
+
+    import unimem
+
+    with pytest.warns(unimem.UnimemWarning) as caught:
+
+        class OldStyle(Backend):
+            release_every_trial = True
+
+            def recognises_oom(self, exc: BaseException, message: str) -> bool:
+                return False
+
+            def precision(self) -> None:
+                return None
+
+    said = [str(w.message) for w in caught]
+    assert any("OldStyle.release_every_trial" in s and "'search'" in s and "base.Search" in s for s in said)
+    assert any("OldStyle.recognises_oom" in s and "'diagnose'" in s and "base.Diagnose" in s for s in said)
+    assert any("OldStyle.precision is a method" in s and "cached_property" in s for s in said)
+    assert len(said) == 3
+
+
+def test_the_built_in_adapters_define_no_member_a_topic_holds(py) -> None:
+    proc = py(
+        """
+        import warnings
+        warnings.simplefilter("error")
+        from unimem import registry
+        for name in registry.BACKENDS:
+            registry.adapter_class(name)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
