@@ -492,3 +492,21 @@ def test_no_function_is_much_over_80_lines(source):
         if _code_lines(node) > FUNCTION_LINES and f"{source.rel}:{node.name}" not in MAX_LINES_EXEMPT
     ]
     assert not long, f"{source.rel}: " + ", ".join(long)
+
+
+# Internal code holds a resolved adapter: it reads through ``unimem.api.read_snapshot`` and the
+# adapter, not through the public functions, which validate and resolve the backend again.
+PUBLIC_FACE = {"stats", "reset_peak", "clear_cache", "summary"}
+INTERNAL_READERS = [p for folder in ("diagnose", "observe", "search") for p in sorted((FRONT / folder).glob("*.py"))]
+
+
+@pytest.mark.parametrize("path", INTERNAL_READERS, ids=lambda p: p.relative_to(FRONT).as_posix())
+def test_internal_code_reads_through_the_adapter_not_the_public_face(path: Path) -> None:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module in ("unimem", "unimem.api"):
+            found += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name in PUBLIC_FACE]
+        reached = node.value.id if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) else None
+        if reached in ("api", "unimem") and isinstance(node, ast.Attribute) and node.attr in PUBLIC_FACE:
+            found.append(f"line {node.lineno}: {reached}.{node.attr}")
+    assert not found, f"{path.name}: " + "; ".join(found)

@@ -10,10 +10,8 @@ in-process, without any framework, so they also prove ``is_oom`` imports none.
 
 from __future__ import annotations
 
-import ast
 import json
 import weakref
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -541,20 +539,3 @@ def test_report_reads_well_and_is_json_ready() -> None:
     text = str(report)
     assert text.startswith("Python ran out of memory on cpu.")
     assert "micro-batches of 5 with 2" in text
-
-
-PUBLIC_FACE = {"stats", "reset_peak", "clear_cache", "summary"}  # validate and resolve the backend again
-
-
-@pytest.mark.parametrize("path", sorted((Path(unimem.__file__).parent / "diagnose").glob("*.py")), ids=lambda p: p.name)
-def test_the_report_reads_through_the_adapter_not_the_public_face(path: Path) -> None:
-    """The report knows the framework that failed: it reads its figures through
-    ``unimem.api.read_snapshot`` and the adapter, not through ``unimem.stats()`` and its checks."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module in ("unimem", "unimem.api"):
-            found += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name in PUBLIC_FACE]
-        reached = node.value.id if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) else None
-        if reached in ("api", "unimem") and isinstance(node, ast.Attribute) and node.attr in PUBLIC_FACE:
-            found.append(f"line {node.lineno}: {reached}.{node.attr}")
-    assert not found, f"{path.name}: " + "; ".join(found)

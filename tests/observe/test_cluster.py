@@ -9,12 +9,10 @@ right rank, node and local rank. A rank asking alone must come back within its t
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import free_port, gather_ranks, run_json, run_ranks, subprocess_env
@@ -267,25 +265,6 @@ def test_spread_over_ranks_ignores_unknown_figures_and_missing_ranks():
     assert any(line.startswith("1 ") and "did not answer" in line for line in lines)
     equal = ClusterStats(2, {0: _answer(0, allocated=7), 1: _answer(1, allocated=7)}, "torch runtime")
     assert equal.outlier is None
-
-
-# --- one way in -------------------------------------------------------------------------------
-
-PUBLIC_FACE = {"stats", "reset_peak", "clear_cache", "summary"}  # validate and resolve the backend again
-
-
-@pytest.mark.parametrize("path", sorted((Path(unimem.__file__).parent / "observe").glob("*.py")), ids=lambda p: p.name)
-def test_the_observers_read_through_the_adapter_not_the_public_face(path: Path) -> None:
-    """The cluster view, the monitor and track() hold a resolved backend: they read it through
-    ``unimem.api.read_snapshot`` and the adapter, not through ``unimem.stats()`` and its checks."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module in ("unimem", "unimem.api"):
-            found += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name in PUBLIC_FACE]
-        reached = node.value.id if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) else None
-        if reached in ("api", "unimem") and isinstance(node, ast.Attribute) and node.attr in PUBLIC_FACE:
-            found.append(f"line {node.lineno}: {reached}.{node.attr}")
-    assert not found, f"{path.name}: " + "; ".join(found)
 
 
 def test_the_cluster_error_is_one_of_unimems_errors() -> None:
