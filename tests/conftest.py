@@ -37,6 +37,36 @@ _SCRUBBED_PREFIXES = ("UNIMEM_", "XLA_", "PYTORCH_", "TF_", "JAX_")
 _SCRUBBED = {"CUDA_VISIBLE_DEVICES"}
 
 
+# Launcher environments of one rank (the second local rank of a two-node job), as each launcher sets them.
+TORCHRUN = {
+    "LOCAL_RANK": "1",
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "1",
+    "TORCHELASTIC_RUN_ID": "job",
+}
+# srun --ntasks-per-node=2 --gpus-per-task=1: each task sees the one GPU SLURM bound to it.
+SLURM_ONE_GPU_PER_TASK = {
+    "SLURM_PROCID": "3",
+    "SLURM_LOCALID": "1",
+    "SLURM_NTASKS": "4",
+    "SLURM_NODEID": "1",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_STEP_GPUS": "4,5",
+    "CUDA_VISIBLE_DEVICES": "5",
+}
+# srun --ntasks-per-node=2 --gpus-per-node=2: every task sees both GPUs of its node.
+SLURM_ALL_GPUS = {**SLURM_ONE_GPU_PER_TASK, "CUDA_VISIBLE_DEVICES": "4,5"}
+OPEN_MPI = {
+    "OMPI_COMM_WORLD_RANK": "5",
+    "OMPI_COMM_WORLD_SIZE": "8",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+    "OMPI_COMM_WORLD_NODE_RANK": "1",
+}
+
+
 def subprocess_env(env: dict[str, str | None] | None = None) -> dict[str, str]:
     """The environment a test subprocess starts with: quiet TF, no leaked settings.
 

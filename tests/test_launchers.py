@@ -15,38 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import conftest
 import pytest
-from conftest import free_port, run_ranks, subprocess_env
+from conftest import SLURM_ALL_GPUS, SLURM_ONE_GPU_PER_TASK, free_port, run_ranks, subprocess_env
 
-TORCHRUN = {
-    "LOCAL_RANK": "1",
-    "RANK": "3",
-    "WORLD_SIZE": "4",
-    "LOCAL_WORLD_SIZE": "2",
-    "GROUP_RANK": "1",
-    "TORCHELASTIC_RUN_ID": "job",
-    "CUDA_VISIBLE_DEVICES": "0,1",
-}
+TORCHRUN = {**conftest.TORCHRUN, "CUDA_VISIBLE_DEVICES": "0,1"}
 # As a user sets them by hand (or a launcher other than torchrun): no GPU count known here.
 LOCAL_RANK_ONLY = {"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
-SLURM_ONE_GPU_PER_TASK = {
-    "SLURM_PROCID": "3",
-    "SLURM_LOCALID": "1",
-    "SLURM_NTASKS": "4",
-    "SLURM_NODEID": "1",
-    "SLURM_TASKS_PER_NODE": "2(x2)",
-    "SLURM_STEP_GPUS": "4,5",
-    "CUDA_VISIBLE_DEVICES": "5",
-}
-SLURM_ALL_GPUS = {**SLURM_ONE_GPU_PER_TASK, "CUDA_VISIBLE_DEVICES": "4,5"}
-OPEN_MPI = {
-    "OMPI_COMM_WORLD_RANK": "5",
-    "OMPI_COMM_WORLD_SIZE": "8",
-    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-    "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
-    "OMPI_COMM_WORLD_NODE_RANK": "1",
-    "CUDA_VISIBLE_DEVICES": "0,1,2,3",
-}
+OPEN_MPI = {**conftest.OPEN_MPI, "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
 MPICH = {
     "PMI_RANK": "3",
     "PMI_SIZE": "4",
