@@ -1,25 +1,51 @@
 """A memory timeline's data and files: samples, marks, the CSV/JSON round trip, the PNG's path.
 
 ``monitor()``, ``MemoryHook`` and the Keras callback all produce a ``Recording``;
-``load_recording(path)`` reads one back from the JSON or CSV it was saved to.
+``load_recording(path)`` reads one back from the JSON or CSV it was saved to, or from the
+JSON Lines a monitor streamed (``unimem.observe.stream``).
 Figures unimem could not know are ``None`` in memory, empty cells in CSV and
 ``null`` in JSON, never 0. The plots are drawn by ``unimem.observe.plotting``.
+
+Every file says whether it is whole: JSON counts its samples and marks, CSV its rows (on its
+first line), a stream ends with an end record. A file cut short loads what it holds with a
+``UnimemWarning`` saying what was recovered; any other malformed file is a ``ConfigError``
+naming the file and the problem (the checks on what is read: ``unimem.observe.files``).
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import math
 import os
+import re
+import warnings
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unimem.errors import ConfigError
+from unimem.errors import ConfigError, UnimemWarning
+from unimem.observe.files import (
+    MAX_SAVED_BYTES,
+    MAX_STREAM_BYTES,
+    check_meta,
+    check_target,
+    figure,
+    moment,
+    open_recording,
+    parse_document,
+    parse_json,
+    read_recording,
+    shown,
+    text,
+    write_atomically,
+)
 from unimem.observe.plotting import RanksPlot, plot_ranks, plot_recording
+from unimem.observe.stream import DEVICE, MARK, StreamReader
 from unimem.sizes import format_bytes
 
 __all__ = ["BoundedSeries", "Mark", "Recorder", "Recording", "Sample", "load_recording", "plot_recordings"]
@@ -30,7 +56,9 @@ FORMAT = "unimem.recording/1"
 SOURCE_FRAMEWORK = "framework"  # the framework's allocator counters, read in this process
 SOURCE_DEVICE = "device"  # NVML (device and this process) and host RSS, read by the sampler process
 SOURCE_STEP = "step"  # a training step boundary (MemoryHook, Keras callback)
-CSV_META_PREFIX = "# unimem.observe.recording "  # the first line of a CSV: the recording's metadata as JSON
+CSV_META_PREFIX = "# unimem.observe.recording "  # an older CSV's first line: the recording's metadata as JSON
+CSV_HEADER = "# unimem.recording/2 "  # a CSV's first line: {"rows": n, "meta": {...}} as JSON
+DEFAULT_MAX_SAMPLES = 20_000
 
 
 @dataclass(frozen=True)
@@ -352,6 +380,10 @@ class Recording:
     def to_json(self, path: str | os.PathLike[str]) -> Path:
         """Everything (samples, marks, meta) as JSON; ``load_recording`` reads it back.
 
+        One sample or mark a line, with their counts, so a copy cut short is told from a whole
+        one. Written to a temporary file in the same folder, then renamed over ``path``: a
+        process killed while saving leaves the previous file whole.
+
         Args:
             path: The file to write, in a folder that exists, named with the format's suffix.
 
@@ -359,24 +391,33 @@ class Recording:
             The path written.
 
         Raises:
-            ConfigError: ``path`` is not a file path, is a directory, lacks the format's suffix, or its
-                folder does not exist.
+            ConfigError: ``path`` is not a file path, is a directory, lacks the format's suffix, its
+                folder does not exist, or the folder cannot be written to (nothing is changed).
         """
-        target = _target(path, ".json")
-        data = {
-            "format": FORMAT,
-            "meta": self.meta,
-            "samples": [dataclasses.asdict(s) for s in self.samples],
-            "marks": [dataclasses.asdict(m) for m in self.marks],
-        }
-        target.write_text(json.dumps(data, indent=1, allow_nan=False), encoding="utf-8")
-        return target
+        target = check_target(path, ".json")
+        return write_atomically(target, self._json_text().encode())
+
+    def _json_text(self) -> str:
+        """The JSON document, one sample or mark a line: a copy cut short still yields every whole line."""
+
+        def dump(value: Any) -> str:
+            return json.dumps(value, allow_nan=False)
+
+        samples = ",\n".join(dump({name: getattr(s, name) for name in SAMPLE_FIELDS}) for s in self.samples)
+        marks = ",\n".join(dump(dataclasses.asdict(m)) for m in self.marks)
+        count = {"samples": len(self.samples), "marks": len(self.marks)}
+        return (
+            f'{{"format": {dump(FORMAT)},\n"count": {dump(count)},\n"meta": {dump(self.meta)},\n'
+            f'"samples": [\n{samples}\n],\n"marks": [\n{marks}\n]}}\n'
+        )
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
         """Samples and marks as one table (a mark is a row with ``source=mark`` and a ``label``).
 
-        Empty cells are unknown figures. The first line is a comment holding ``meta``
-        (backend, device, cap, interval, notes) as JSON, which ``load_recording`` reads back.
+        Empty cells are unknown figures. The first line is a comment holding the row count and
+        ``meta`` (backend, device, cap, interval, notes) as JSON, which ``load_recording`` reads
+        back. Written to a temporary file in the same folder, then renamed over ``path``: a
+        process killed while saving leaves the previous file whole.
 
         Args:
             path: The file to write, in a folder that exists, named with the format's suffix.
@@ -386,10 +427,10 @@ class Recording:
             the ``Sample`` fields, ``label``; rows in time order.
 
         Raises:
-            ConfigError: ``path`` is not a file path, is a directory, lacks the format's suffix, or its
-                folder does not exist.
+            ConfigError: ``path`` is not a file path, is a directory, lacks the format's suffix, its
+                folder does not exist, or the folder cannot be written to (nothing is changed).
         """
-        target = _target(path, ".csv")
+        target = check_target(path, ".csv")
         columns = ["time", "elapsed", *SAMPLE_FIELDS[1:], "label"]
         start = self.start_time or 0.0
         rows: list[tuple[float, dict[str, str]]] = []
@@ -409,14 +450,15 @@ class Recording:
             )
             rows.append((m.time, row))
         rows.sort(key=lambda pair: pair[0])
-        with target.open("w", newline="", encoding="utf-8") as handle:
-            # The metadata (backend, device, cap, interval, notes) on a first comment line, so a
-            # recording read back from CSV still names its framework and draws its cap.
-            handle.write(f"{CSV_META_PREFIX}{json.dumps(self.meta, default=str)}\n")
-            writer = csv.DictWriter(handle, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(row for _, row in rows)
-        return target
+        handle = io.StringIO(newline="")
+        # The row count and the metadata (backend, device, cap, interval, notes) on a first comment
+        # line: a recording read back from CSV still names its framework and draws its cap, and a
+        # copy cut short at a row's end is told from a whole one.
+        handle.write(f"{CSV_HEADER}{json.dumps({'rows': len(rows), 'meta': self.meta}, default=str)}\n")
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(row for _, row in rows)
+        return write_atomically(target, handle.getvalue().encode())
 
     def plot(
         self,
@@ -446,7 +488,7 @@ class Recording:
                 folder does not exist.
             BackendUnavailable: matplotlib is not installed.
         """
-        target = _target(path, ".png")
+        target = check_target(path, ".png")
         plot_recording(self, target, title=title, figsize=figsize, dpi=dpi)
         return target
 
@@ -459,48 +501,72 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def _target(path: object, suffix: str) -> Path:
-    """The file to write: its folder must exist (a typo must not create folders anywhere) and
-    its suffix must say what it holds (a PNG under a .json name misleads every reader)."""
-    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise ConfigError("path", f"expected a file path, got {path!r}")
-    target = Path(path)
-    if target.is_dir():
-        raise ConfigError("path", f"{target} is a directory; pass a file name")
-    if target.suffix.lower() != suffix:
-        raise ConfigError("path", f"{target} would hold {suffix[1:].upper()}; name it with the {suffix} suffix")
-    if not target.parent.is_dir():
-        raise ConfigError("path", f"{target.parent} does not exist; create the folder first")
-    return target
+_SOURCES = frozenset({SOURCE_FRAMEWORK, SOURCE_DEVICE, SOURCE_STEP})
+_MARK_FIELDS = ("time", "label", "allocated", "reserved")
+_DEVICE_FIELDS = ("time", "device_total", "device_used", "process_used", "host_rss", "error")  # a stream's "d" record
+_FRAMEWORK_FIELDS = ("time", "allocated", "reserved", "error")  # a stream's "f" record
+_ARRAYS = frozenset({"samples", "marks"})
+_DIGITS = re.compile(r"[0-9]{1,20}")
+_MAX_STREAM_SAMPLES = 10_000_000  # a stream's max_samples beyond this is not one a monitor wrote
 
 
-def _parse_cell(name: str, text: str) -> Any:
-    if text == "":
-        return None
-    if name in _INT_FIELDS:
-        return int(text)
-    if name == "time":
-        return float(text)
-    if name == "peak_exact":
-        return text == "true"
-    return text
+def _sample_from(row: object, where: str) -> Sample:
+    """A sample read from a file, every field checked; else a ``ConfigError`` naming ``where``."""
+    if not isinstance(row, dict):
+        raise ConfigError("path", f"{where} is {shown(row)}, expected an object")
+    source = row.get("source")
+    if not isinstance(source, str) or source not in _SOURCES:
+        raise ConfigError("path", f"{where}: source is {shown(source)}, expected one of {', '.join(sorted(_SOURCES))}")
+    exact = row.get("peak_exact")
+    if exact is not None and not isinstance(exact, bool):
+        raise ConfigError("path", f"{where}: peak_exact is {shown(exact)}, expected true, false or null")
+    return Sample(
+        time=moment(row.get("time"), "time", where),
+        source=source,
+        peak_exact=exact,
+        error=text(row.get("error"), "error", where),
+        **{name: figure(row.get(name), name, where) for name in _INT_FIELDS},
+    )
+
+
+def _mark_from(row: object, where: str) -> Mark:
+    """A mark read from a file, every field checked."""
+    if not isinstance(row, dict):
+        raise ConfigError("path", f"{where} is {shown(row)}, expected an object")
+    label = row.get("label")
+    if not isinstance(label, str):
+        raise ConfigError("path", f"{where}: label is {shown(label)}, expected text")
+    allocated, reserved = (figure(row.get(name), name, where) for name in _MARK_FIGURES)
+    return Mark(moment(row.get("time"), "time", where), label, allocated, reserved)
+
+
+def _recovered(count: int, expected: int | None, noun: str) -> str:
+    return counted(count, noun) if expected is None else f"{count} of {counted(expected, noun)}"
 
 
 def load_recording(path: str | os.PathLike[str]) -> Recording:
-    """Read a recording saved with ``to_json`` or ``to_csv`` (by file suffix).
+    """Read a recording saved with ``to_json`` or ``to_csv``, or streamed by ``monitor(path=...)``.
 
-    A ``.csv`` file is read as CSV (samples and marks; its ``meta`` is empty, since
-    CSV does not keep it); any other suffix as JSON.
+    By suffix: ``.jsonl`` a monitor's stream, ``.csv`` CSV, anything else JSON. The file must be a
+    regular file (opened without blocking: a FIFO or a device is refused, never waited on) of at
+    most 256 MiB for JSON and CSV, 16 GiB for a stream, which is read a line at a time into the
+    bounded series a monitor keeps (``max_samples`` per source, peaks and gaps kept).
 
     Args:
-        path: The file ``to_json`` or ``to_csv`` wrote.
+        path: The file ``to_json``, ``to_csv`` or a monitor's stream wrote.
 
     Returns:
-        The recording, with unknown figures as None.
+        The recording, with unknown figures as None. A file cut short (no end record, fewer
+        rows than it counts) gives what it holds, with a note in ``meta["notes"]``.
 
     Raises:
-        ConfigError: ``path`` is not a file, is not a unimem JSON recording (no
-            ``"format"``), or is a CSV without ``time`` and ``source`` columns.
+        ConfigError: ``path`` does not exist, is not a regular file, is empty or over the size
+            limit, or is not a whole or cut unimem recording (malformed JSON or CSV, a figure
+            that is not a byte count, a time that is not finite, ...); the message names the
+            file and the problem.
+
+    Warns:
+        UnimemWarning: The file was cut short; the message says what was recovered.
 
     Example:
         ```python
@@ -508,53 +574,177 @@ def load_recording(path: str | os.PathLike[str]) -> Recording:
         recording.plot("memory.png")
         ```
     """
-    source = Path(path)
-    if not source.is_file():
-        raise ConfigError("path", f"{source} is not a file")
-    if source.suffix.lower() == ".csv":
-        return _load_csv(source)
-    try:
-        data = json.loads(source.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError("path", f"{source} is not a JSON recording ({exc}); save one with to_json()") from None
+    suffix = Path(path).suffix.lower() if isinstance(path, (str, os.PathLike)) and os.fspath(path) else ""
+    loader = {".jsonl": _load_stream, ".csv": _load_csv}.get(suffix, _load_json)
+    recording, cut = loader(path)
+    if cut is not None:
+        recording.meta["notes"] = [*recording.meta.get("notes", []), cut]
+        warnings.warn(cut, UnimemWarning, stacklevel=2)
+    return recording
+
+
+def _load_json(path: object) -> tuple[Recording, str | None]:
+    content, source = read_recording(path, MAX_SAVED_BYTES)
+    data, cut = parse_document(content, str(source), _ARRAYS)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ConfigError("path", f"{source} is not a unimem recording (no 'format': {FORMAT!r})")
-    samples = [Sample(**_known(row, SAMPLE_FIELDS)) for row in data.get("samples", [])]
-    marks = [Mark(**_known(row, ["time", "label", "allocated", "reserved"])) for row in data.get("marks", [])]
-    return Recording(samples, marks, dict(data.get("meta", {})))
+        raise ConfigError(
+            "path", f"{source} is not a unimem recording (no 'format': {FORMAT!r}); save one with to_json()"
+        )
+    rows, kept = data.get("samples", []), data.get("marks", [])
+    for name, value in (("samples", rows), ("marks", kept)):
+        if not isinstance(value, list):
+            raise ConfigError("path", f"{source}: {name!r} is {shown(value)}, expected an array")
+    samples = [_sample_from(row, f"{source}, sample {i + 1}") for i, row in enumerate(rows)]
+    marks = [_mark_from(row, f"{source}, mark {i + 1}") for i, row in enumerate(kept)]
+    meta = dict(check_meta(data.get("meta", {}), str(source)))
+    count = data.get("count")
+    if count is not None and not isinstance(count, dict):
+        raise ConfigError("path", f"{source}: 'count' is {shown(count)}, expected an object")
+    expected = [figure((count or {}).get(name), f"count {name!r}", str(source)) for name in ("samples", "marks")]
+    if cut:
+        recovered = (
+            f"{_recovered(len(samples), expected[0], 'sample')} and {_recovered(len(marks), expected[1], 'mark')}"
+        )
+        return Recording(samples, marks, meta), f"{source} was cut short (it ends mid-way): recovered {recovered}"
+    for name, held, said in (("samples", len(samples), expected[0]), ("marks", len(marks), expected[1])):
+        if said is not None and held != said:
+            raise ConfigError("path", f"{source} holds {held} {name} but counts {said}; the file was altered")
+    return Recording(samples, marks, meta), None
 
 
-def _known(row: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    return {key: value for key, value in row.items() if key in names}
+def _csv_cell(name: str, cell: str, where: str) -> Any:
+    """One CSV cell as the value its column holds (checked again as a sample's field)."""
+    if cell == "":
+        return None
+    if name in _INT_FIELDS:
+        if not _DIGITS.fullmatch(cell):
+            raise ConfigError("path", f"{where}: {name} is {shown(cell)}, expected a whole number from 0 to 2**63")
+        return int(cell)
+    if name == "time":
+        try:
+            return float(cell)
+        except ValueError:
+            raise ConfigError("path", f"{where}: time is {shown(cell)}, expected seconds as a number") from None
+    if name == "peak_exact":
+        if cell not in ("true", "false"):
+            raise ConfigError("path", f"{where}: peak_exact is {shown(cell)}, expected true, false or empty")
+        return cell == "true"
+    return cell
 
 
-def _load_csv(source: Path) -> Recording:
+def _csv_header(first: str, source: Path) -> tuple[int | None, dict[str, Any]] | None:
+    """``(rows counted, meta)`` from a CSV's first line; None when it is not a comment unimem wrote."""
+    where = f"{source}, line 1"
+    if first.startswith(CSV_HEADER):
+        header = parse_json(first[len(CSV_HEADER) :], where)
+        if not isinstance(header, dict):
+            raise ConfigError("path", f"{where}: the header is {shown(header)}, expected an object")
+        rows = figure(header.get("rows"), "the row count", where)
+        if rows is None:
+            raise ConfigError("path", f"{where}: the header has no row count")
+        return rows, dict(check_meta(header.get("meta", {}), where))
+    if first.startswith(CSV_META_PREFIX):  # written before CSVs counted their rows
+        return None, dict(check_meta(parse_json(first[len(CSV_META_PREFIX) :], where), where))
+    return None
+
+
+def _csv_rows(body: str, source: Path, offset: int) -> Iterable[tuple[str, dict[str, str]]]:
+    """``(where, row)`` for each data row; a row of the wrong width or broken quoting is a ``ConfigError``."""
+    reader = csv.reader(io.StringIO(body, newline=""))
+    try:
+        columns = next(reader, None)
+        if columns is None or not {"time", "source"} <= set(columns):
+            raise ConfigError("path", f"{source} is not a unimem CSV (no time and source columns)")
+        for row in reader:
+            where = f"{source}, line {reader.line_num + offset}"
+            if row and len(row) != len(columns):
+                raise ConfigError("path", f"{where}: {len(row)} fields where the header names {len(columns)}")
+            if row:
+                yield where, dict(zip(columns, row, strict=True))
+    except csv.Error as exc:
+        raise ConfigError("path", f"{source}, line {reader.line_num + offset}: {exc}") from None
+
+
+def _load_csv(path: object) -> tuple[Recording, str | None]:
+    content, source = read_recording(path, MAX_SAVED_BYTES)
+    first, _, rest = content.partition("\n")
+    header = _csv_header(first, source)
+    expected, meta = header if header is not None else (None, {})
+    body, offset = (rest, 1) if header is not None else (content, 0)
+    cut = expected is not None and not content.endswith("\n")
+    if cut:
+        body = body[: body.rfind("\n") + 1]  # the last line was written in part: left out
     samples: list[Sample] = []
     marks: list[Mark] = []
-    meta: dict[str, Any] = {}
-    with source.open(newline="", encoding="utf-8") as handle:
-        first = handle.readline()
-        if first.startswith(CSV_META_PREFIX):
-            meta = json.loads(first[len(CSV_META_PREFIX) :])
-        else:
-            handle.seek(0)  # a CSV written without the metadata line
-        reader = csv.DictReader(handle)
-        missing = {"time", "source"} - set(reader.fieldnames or [])
-        if missing:
-            raise ConfigError("path", f"{source} is not a unimem CSV (no {', '.join(sorted(missing))} column)")
-        for row in reader:
+    if body.strip() or expected is None:
+        for where, row in _csv_rows(body, source, offset):
             if row["source"] == "mark":
-                marks.append(
-                    Mark(
-                        float(row["time"]),
-                        row.get("label", ""),
-                        _parse_cell("allocated", row.get("allocated", "")),
-                        _parse_cell("reserved", row.get("reserved", "")),
-                    )
-                )
-                continue
-            samples.append(Sample(**{name: _parse_cell(name, row.get(name, "")) for name in SAMPLE_FIELDS}))
-    return Recording(samples, marks, meta)
+                cells = {name: _csv_cell(name, row.get(name, ""), where) for name in _MARK_FIELDS if name != "label"}
+                marks.append(_mark_from({**cells, "label": row.get("label", "")}, where))
+            else:
+                samples.append(_sample_from({n: _csv_cell(n, row.get(n, ""), where) for n in SAMPLE_FIELDS}, where))
+    held = len(samples) + len(marks)
+    if expected is not None and held > expected:
+        raise ConfigError("path", f"{source} holds {held} rows but counts {expected}; the file was altered")
+    if expected is not None and (cut or held < expected):
+        return Recording(samples, marks, meta), f"{source} was cut short: recovered {_recovered(held, expected, 'row')}"
+    return Recording(samples, marks, meta), None
+
+
+def _load_stream(path: object) -> tuple[Recording, str | None]:
+    handle, source = open_recording(path, MAX_STREAM_BYTES)
+    try:
+        with handle:
+            return _read_stream(StreamReader(handle, str(source)), source)
+    except OSError as exc:
+        raise ConfigError("path", f"{source} cannot be read ({exc.strerror or exc})") from None
+
+
+def _read_stream(reader: StreamReader, source: Path) -> tuple[Recording, str | None]:
+    """Every record into bounded series (the file keeps every sample; memory stays bounded)."""
+    meta = dict(check_meta(reader.meta, f"{source}, line 1"))
+    capacity = meta.get("max_samples")
+    if not isinstance(capacity, int) or not 100 <= capacity <= _MAX_STREAM_SAMPLES:
+        capacity = DEFAULT_MAX_SAMPLES
+    series = {DEVICE: BoundedSeries(capacity), "f": BoundedSeries(capacity)}
+    marks: deque[Mark] = deque(maxlen=capacity)
+    seen = {"samples": 0, "marks": 0}
+    for line, record in reader:
+        where = f"{source}, line {line}"
+        if record[0] == MARK:
+            marks.append(_mark_from(dict(zip(_MARK_FIELDS, record[1:], strict=True)), where))
+            seen["marks"] += 1
+            continue
+        device = record[0] == DEVICE
+        names, kind = (_DEVICE_FIELDS, SOURCE_DEVICE) if device else (_FRAMEWORK_FIELDS, SOURCE_FRAMEWORK)
+        series[record[0]].add(_sample_from({**dict(zip(names, record[1:], strict=True)), "source": kind}, where))
+        seen["samples"] += 1
+    samples = merge_samples(series[DEVICE].items(), series["f"].items())
+    end = reader.end
+    if end is not None and reader.dropped:
+        raise ConfigError("path", f"{source}: a partial line after the end record; the file was altered")
+    if end is not None:
+        for name in ("samples", "marks"):
+            if end[name] != seen[name]:
+                raise ConfigError("path", f"{source} holds {seen[name]} {name} but its end counts {end[name]}; altered")
+        meta.update(check_meta(end["meta"], f"{source}, end record"))
+    meta["decimation"] = {"device_stride": series[DEVICE].stride, "framework_stride": series["f"].stride}
+    if seen["samples"] > len(samples) or seen["marks"] > len(marks):
+        notes = [
+            *meta.get("notes", []),
+            f"read {len(samples)} of the file's {seen['samples']} samples, peaks and "
+            f"gaps kept, and its latest {len(marks)} marks (max_samples={capacity} per source)",
+        ]
+        meta["notes"] = notes
+    if end is not None:
+        return Recording(samples, list(marks), meta), None
+    last = f", the last at {samples[-1].time - meta['started']:.1f} s" if samples and meta.get("started") else ""
+    partial = "; a line written in part was left out" if reader.dropped else ""
+    cut = (
+        f"{source} has no end record (its run was killed, or is still going): recovered "
+        f"{counted(seen['samples'], 'sample')}{last} and {counted(seen['marks'], 'mark')}{partial}"
+    )
+    return Recording(samples, list(marks), meta), cut
 
 
 def merge_samples(*streams: Iterable[Sample]) -> list[Sample]:
@@ -621,7 +811,7 @@ def plot_recordings(
         unimem.plot_recordings(["memory.rank0.json", "memory.rank1.json"], "ranks.png")
         ```
     """
-    target = _target(path, ".png")
+    target = check_target(path, ".png")
     loaded = _loaded(recordings)
     return plot_ranks(loaded, target, figure=figure, title=title, figsize=figsize, dpi=dpi)
 

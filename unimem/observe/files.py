@@ -1,0 +1,374 @@
+"""A recording's files, read and written safely: whatever is at a path, the answer is a file or a ``ConfigError``.
+
+Reading: a path is opened without blocking (``O_NONBLOCK``: a FIFO cannot stall the reader), and
+must be a regular file, not empty, under a size limit (``MAX_SAVED_BYTES`` for JSON and CSV, read
+whole; ``MAX_STREAM_BYTES`` for a JSON Lines stream, read line by line). JSON is parsed with
+``NaN``/``Infinity`` refused and every parser failure (nesting too deep, a 5,000-digit number)
+turned into a ``ConfigError`` naming the file.
+
+Writing: ``write_atomically`` writes a temporary file in the target's folder and renames it
+over the target, so a process killed while saving leaves the previous file whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from unimem.errors import ConfigError
+from unimem.sizes import format_bytes
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "MAX_SAVED_BYTES",
+    "MAX_STREAM_BYTES",
+    "check_meta",
+    "check_target",
+    "create_atomically",
+    "figure",
+    "moment",
+    "open_recording",
+    "parse_document",
+    "parse_json",
+    "read_recording",
+    "salvage_json",
+    "shown",
+    "text",
+    "write_atomically",
+]
+
+MAX_SAVED_BYTES = 256 << 20  # JSON and CSV are parsed whole; a saved monitor holds a few MB by default
+MAX_STREAM_BYTES = 16 << 30  # a stream is read a line at a time into bounded series
+MAX_LINE_BYTES = 1 << 20  # one line of a stream: a sample is under 100 bytes, a mark its label more
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_target(path: object, suffix: str) -> Path:
+    """The file to write: its folder must exist (a typo must not create folders anywhere) and
+    its suffix must say what it holds (a PNG under a .json name misleads every reader)."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ConfigError("path", f"expected a file path, got {path!r}")
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError("path", f"{target} is a directory; pass a file name")
+    if target.suffix.lower() != suffix:
+        raise ConfigError("path", f"{target} would hold {suffix[1:].upper()}; name it with the {suffix} suffix")
+    if not target.parent.is_dir():
+        raise ConfigError("path", f"{target.parent} does not exist; create the folder first")
+    return target
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+def open_recording(path: object, limit: int) -> tuple[BinaryIO, Path]:
+    """``path`` opened for reading: a regular, non-empty file of at most ``limit`` bytes; else a ``ConfigError``.
+
+    Opened with ``O_NONBLOCK``, so a FIFO or a device answers at once instead of stalling the reader.
+    """
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ConfigError("path", f"expected the path of a recording file, got {path!r}")
+    source = Path(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(source, flags)
+    except FileNotFoundError:
+        gone = " (a link to nothing)" if source.is_symlink() else ""
+        raise ConfigError("path", f"{source} does not exist{gone}; check the path") from None
+    except PermissionError:
+        raise ConfigError("path", f"{source} cannot be read (permission denied); check its permissions") from None
+    except OSError as exc:
+        raise ConfigError("path", f"{source} cannot be opened ({exc.strerror or exc}); check the path") from None
+    try:
+        info = os.fstat(fd)
+        kind = next((name for test, name in _KINDS if test(info.st_mode)), None)
+        if kind is not None or not stat.S_ISREG(info.st_mode):
+            raise ConfigError("path", f"{source} is {kind or 'not a regular file'}, not a recording file")
+        if info.st_size == 0:
+            raise ConfigError("path", f"{source} is empty; it holds no recording")
+        if info.st_size > limit:
+            raise ConfigError(
+                "path",
+                f"{source} is {format_bytes(info.st_size)}, over the {format_bytes(limit)} a recording of its "
+                "format may be; it is not a file unimem wrote",
+            )
+        return os.fdopen(fd, "rb"), source
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_recording(path: object, limit: int) -> tuple[str, Path]:
+    """The whole text of a recording file (checked as ``open_recording``), decoded as UTF-8."""
+    handle, source = open_recording(path, limit)
+    with handle:
+        try:
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise ConfigError("path", f"{source} cannot be read ({exc.strerror or exc})") from None
+    if len(data) > limit:  # it grew after it was opened
+        raise ConfigError("path", f"{source} is over the {format_bytes(limit)} a recording of its format may be")
+    try:
+        return data.decode("utf-8"), source
+    except UnicodeDecodeError as exc:
+        raise ConfigError("path", f"{source} is not UTF-8 text (byte {exc.start}); it is not a recording") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a figure")
+
+
+def parse_json(text: str, where: str) -> Any:
+    """``text`` as JSON, or a ``ConfigError`` naming ``where`` and the problem.
+
+    ``NaN`` and ``Infinity`` are refused (no figure is either); nesting too deep for the parser and
+    numbers too long to convert are malformed files, not crashes.
+    """
+    return parse_document(text, where, frozenset())[0]
+
+
+def parse_document(text: str, where: str, arrays: frozenset[str]) -> tuple[Any, bool]:
+    """``(value, cut)``: ``text`` parsed as ``parse_json`` does; a JSON object cut short on its last
+    line comes back as what it still holds (see ``salvage_json``) with ``cut`` True."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant), False
+    except RecursionError:
+        raise ConfigError("path", f"{where}: nested too deeply to be a recording") from None
+    except json.JSONDecodeError as exc:
+        salvaged = salvage_json(text, exc, arrays) if arrays else None
+        if salvaged is not None:
+            return salvaged, True
+        raise ConfigError("path", f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except ValueError as exc:  # NaN/Infinity, or an integer longer than Python converts
+        raise ConfigError("path", f"{where}: {exc}") from None
+
+
+# --- the values a recording holds -------------------------------------------------------------------
+
+_LARGEST = 1 << 63  # no byte count, index or count reaches it: a bigger number is not a figure
+
+
+def shown(value: object) -> str:
+    """A short, safe rendering of a value read from a file (never huge, never recursive)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit integer"
+    if isinstance(value, (list, dict)):
+        return "an array" if isinstance(value, list) else "an object"
+    if isinstance(value, str):
+        return repr(value[:40] + "...") if len(value) > 40 else repr(value)
+    return repr(value)
+
+
+def figure(value: object, name: str, where: str) -> int | None:
+    """A byte count, index or count read from a file: None, or a whole number from 0 to 2**63."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _LARGEST:
+        raise ConfigError(
+            "path", f"{where}: {name} is {shown(value)}, expected a whole number from 0 to 2**63, or null"
+        )
+    return value
+
+
+def moment(value: object, name: str, where: str) -> float:
+    """A time or a duration in seconds read from a file: a finite number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError("path", f"{where}: {name} is {shown(value)}, expected seconds as a number")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise ConfigError("path", f"{where}: {name} is {shown(value)}, expected a finite number of seconds")
+    return seconds
+
+
+def text(value: object, name: str, where: str) -> str | None:
+    """A text read from a file: None or a string."""
+    if value is not None and not isinstance(value, str):
+        raise ConfigError("path", f"{where}: {name} is {shown(value)}, expected text or null")
+    return value
+
+
+# The meta fields a plot or a summary reads, by what they must hold; others are kept as they are.
+_META_MOMENTS = ("started", "stopped", "interval", "framework_interval")
+_META_FIGURES = ("limit", "device_total", "device", "rank", "local_rank", "world_size", "node", "max_samples")
+_META_TEXTS = ("backend", "host")
+
+
+def check_meta(meta: object, where: str) -> dict[str, Any]:
+    """A recording's meta read from a file: an object whose known fields hold what they should."""
+    if not isinstance(meta, dict):
+        raise ConfigError("path", f"{where}: its meta is {shown(meta)}, expected an object")
+    for name in _META_MOMENTS:
+        if meta.get(name) is not None:
+            moment(meta[name], f"meta {name!r}", where)
+    for name in _META_FIGURES:
+        figure(meta.get(name), f"meta {name!r}", where)
+    for name in _META_TEXTS:
+        text(meta.get(name), f"meta {name!r}", where)
+    notes = meta.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(note, str) for note in notes):
+        raise ConfigError("path", f"{where}: its meta 'notes' is not a list of texts")
+    decimation = meta.get("decimation", {})
+    if not isinstance(decimation, dict):
+        raise ConfigError("path", f"{where}: its meta 'decimation' is {shown(decimation)}, expected an object")
+    for name, stride in decimation.items():
+        figure(stride, f"meta decimation {name!r}", where)
+    return meta
+
+
+# --- a cut JSON document ---------------------------------------------------------------------------
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _skip(text: str, pos: int) -> int:
+    found = _SPACE.match(text, pos)
+    return found.end() if found else pos
+
+
+def _salvage_array(decoder: json.JSONDecoder, text: str, pos: int, items: list[Any]) -> int | None:
+    """Elements of the array at ``pos`` (just past ``[``) into ``items``; the position past ``]``, or None if cut."""
+    while True:
+        pos = _skip(text, pos)
+        if pos >= len(text):
+            return None
+        if text[pos] == "]":
+            return pos + 1
+        if text[pos] == "," and items:
+            pos = _skip(text, pos + 1)
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            return None
+        items.append(item)
+
+
+def _members(text: str, arrays: frozenset[str]) -> Iterator[tuple[str, Any]]:
+    """``(name, value)`` for each member of the object ``text`` starts with, until it is cut; an array
+    named in ``arrays`` comes with the elements read whole."""
+    decoder = json.JSONDecoder(parse_constant=_refuse_constant)
+    pos = _skip(text, 0)
+    if not text.startswith("{", pos):
+        return
+    pos += 1
+    while True:
+        pos = _skip(text, pos)
+        if pos < len(text) and text[pos] == ",":
+            pos = _skip(text, pos + 1)
+        try:
+            name, pos = decoder.raw_decode(text, pos)
+            pos = _skip(text, pos)
+            if not isinstance(name, str) or not text.startswith(":", pos):
+                return
+            pos = _skip(text, pos + 1)
+            if name in arrays and text.startswith("[", pos):
+                items: list[Any] = []
+                end = _salvage_array(decoder, text, pos + 1, items)
+                yield name, items
+                if end is None:
+                    return
+                pos = end
+                continue
+            value, pos = decoder.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            return
+        yield name, value
+
+
+def salvage_json(text: str, error: json.JSONDecodeError, arrays: frozenset[str]) -> dict[str, Any] | None:
+    """What a JSON object cut short still holds, or None when ``text`` is not one cut short.
+
+    A document is taken as cut only when it fails on its last line: the writer puts each
+    sample on a line of its own, so a cut always fails there, and a file broken further up is
+    malformed, not cut. The arrays named in ``arrays`` keep the elements read whole.
+    """
+    if error.msg.startswith("Extra data") or "\n" in text[error.pos :].strip():
+        return None
+    return dict(_members(text, arrays))
+
+
+# --- writing ---------------------------------------------------------------------------------------
+
+
+def _temporary(target: Path) -> tuple[int, Path]:
+    """A new file beside ``target`` (same folder, so a rename replaces it in one step)."""
+    while True:
+        temporary = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), temporary
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            message = f"cannot write in {target.parent} ({exc.strerror or exc}); pick another folder"
+            raise ConfigError("path", message) from None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def create_atomically(target: Path, data: bytes, *, keep_open: bool = False) -> int | None:
+    """Put a file holding ``data`` at ``target`` in one step; with ``keep_open``, return it open for appending.
+
+    The data goes to a temporary file in the target's folder, is flushed to disk, then renamed over
+    the target: a process killed at any moment leaves either the previous file or the new one
+    whole (and at worst a hidden ``.NAME.XXXX.tmp`` beside it). An existing target's permission
+    bits are kept.
+
+    Raises:
+        ConfigError: The folder cannot be written to, or the disk refused the data.
+    """
+    fd, temporary = _temporary(target)
+    try:
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, stat.S_IMODE(os.stat(target).st_mode))  # a new file keeps the old one's permissions
+        _write_all(fd, data)
+        os.fsync(fd)
+        os.replace(temporary, target)
+    except BaseException as exc:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        if isinstance(exc, OSError):
+            raise ConfigError("path", f"cannot write {target} ({exc.strerror or exc}); nothing was changed") from None
+        raise
+    if keep_open:
+        return fd
+    os.close(fd)
+    _sync_folder(target.parent)
+    return None
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make the rename itself durable (where the platform lets a folder be synced)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_atomically(target: Path, data: bytes) -> Path:
+    """Replace ``target`` with ``data`` in one step (see ``create_atomically``); returns ``target``."""
+    create_atomically(target, data)
+    return target
