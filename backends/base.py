@@ -491,15 +491,21 @@ class Savers:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
-    def remat(self, fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
+    def _refusal(self, policy: str) -> UnsupportedFeature:
         name, feature = self.backend.name, f"remat.{policy}"
-        raise UnsupportedFeature(name, feature, _cannot(self.backend, feature, f"{name} cannot recompute activations"))
+        return UnsupportedFeature(name, feature, _cannot(self.backend, feature, f"{name} cannot recompute activations"))
+
+    def remat(self, fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
+        raise self._refusal(policy)
 
     def offload(self) -> contextlib.AbstractContextManager[None]:
         # Where the row says supported, offload exists only as a policy: remat says how.
         name = self.backend.name
         otherwise = f"{name} keeps saved activations on the host only through unimem.remat(fn, policy='offload')"
         raise UnsupportedFeature(name, "offload", _cannot(self.backend, "remat.offload", otherwise))
+
+    def remat_model(self, model: Any, policy: str, matches: Callable[[Any], bool]) -> int:
+        raise self._refusal(policy)
 
 
 class Accumulation:

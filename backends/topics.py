@@ -176,17 +176,25 @@ class PrecisionTopic(PrecisionHelpers, Protocol):
 
 
 class SaversTopic(Protocol):
-    """Memory savers (``adapter.savers``): ``unimem.remat`` and ``unimem.offload``."""
+    """Memory savers (``adapter.savers``): ``unimem.remat``, ``unimem.remat_model`` and ``unimem.offload``."""
 
     def remat(self, fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
         """``fn`` wrapped so its backward pass recomputes (``"full"``, ``"matmuls"``) or fetches from
-        the host (``"offload"``) what it would keep; ``policy`` is already validated. Raises
-        ``UnsupportedFeature`` with the note of the ``remat.<policy>`` row where it cannot."""
+        the host (``"offload"``) what it would keep, a framework object as the same kind of object;
+        ``policy`` is already validated. Raises ``UnsupportedFeature`` with the note of the
+        ``remat.<policy>`` row where it cannot."""
         ...
 
     def offload(self) -> contextlib.AbstractContextManager[None]:
         """A context in which the tensors autograd saves are kept on the host; ``UnsupportedFeature``
         naming the nearest alternative where there is none."""
+        ...
+
+    def remat_model(self, model: Any, policy: str, matches: Callable[[Any], bool]) -> int:
+        """Every submodule of ``model`` (not ``model`` itself) that ``matches``, saved in place with ``policy``,
+        nothing below a saved one looked at; how many distinct submodules are saved (0 changes nothing).
+        ``ConfigError`` naming ``model`` when it is not the framework's model; ``UnsupportedFeature`` where
+        the framework cannot change a model in place."""
         ...
 
 

@@ -72,6 +72,7 @@ _LAZY: dict[str, str] = {
     "mixed_precision": "training.precision",
     "offload": "training.savers",
     "remat": "training.savers",
+    "remat_model": "training.savers",
     "Profile": "observe.profile",
     "profile": "observe.profile",
     "RankLine": "observe.plotting",
@@ -126,7 +127,7 @@ if TYPE_CHECKING:
     )
     from unimem.training.loss_scaling import LossScaler
     from unimem.training.precision import Policy, mixed_precision
-    from unimem.training.savers import offload, remat
+    from unimem.training.savers import offload, remat, remat_model
 
 
 def __getattr__(name: str) -> Any:
@@ -211,6 +212,7 @@ __all__ = [
     "rank_info",
     "rank_path",
     "remat",
+    "remat_model",
     "reset_peak",
     "stats",
     "stray_memory",

@@ -31,6 +31,7 @@ __all__ = [
     "available_backends",
     "canonical_name",
     "configured",
+    "framework_of_object",
     "get_backend",
     "imported_frameworks",
     "note_configured",
@@ -76,6 +77,19 @@ BACKENDS: dict[str, Entry] = {
     ),
 }
 ALIASES = {"tf": "tensorflow", "pytorch": "torch", "pynvml": "nvml"}
+# The libraries whose objects belong to one framework, by the top-level module their classes
+# come from; Keras answers with the backend it runs on (``keras.config.backend()``).
+OBJECT_LIBRARIES = {
+    "torch": "torch",
+    "tensorflow": "tensorflow",
+    "tf_keras": "tensorflow",
+    "jax": "jax",
+    "jaxlib": "jax",
+    "flax": "jax",
+    "equinox": "jax",
+    "haiku": "jax",
+}
+MULTI_BACKEND_LIBRARY = "keras"
 FRAMEWORK_FREE = next(name for name, entry in BACKENDS.items() if not entry.framework)
 FRAMEWORKS = tuple(name for name, entry in BACKENDS.items() if entry.framework)
 
@@ -209,6 +223,24 @@ def user_imported() -> list[str]:
     imported = imported_frameworks()
     own = [n for n in imported if not any(m in sys.modules for m in _entry(n).imported_by)]
     return own or imported
+
+
+def framework_of_object(obj: object) -> str | None:
+    """The framework a framework object belongs to (a torch Module or tensor, a Keras layer, a Flax module
+    or module class; a bound method: its object's), read from its classes' modules as ``sys.modules``
+    holds them, importing nothing; None for anything else (a plain function)."""
+    for candidate in (obj, getattr(obj, "__self__", None)):
+        if candidate is None:
+            continue
+        for klass in (candidate if isinstance(candidate, type) else type(candidate)).__mro__:
+            top = (getattr(klass, "__module__", None) or "").partition(".")[0]
+            if top == MULTI_BACKEND_LIBRARY and top in sys.modules:
+                config = getattr(sys.modules[top], "config", None)  # Keras 2 has none: it runs on TensorFlow
+                name = config.backend() if config is not None else OBJECT_LIBRARIES["tensorflow"]
+                return name if isinstance(name, str) and name in BACKENDS else None
+            if top in OBJECT_LIBRARIES:
+                return OBJECT_LIBRARIES[top]
+    return None
 
 
 def configured() -> list[str]:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from unimem import registry
 from unimem.errors import ConfigError
 
-__all__ = ["POLICIES", "offload", "remat"]
+__all__ = ["POLICIES", "offload", "remat", "remat_model"]
+
+T = TypeVar("T")
 
 # What each policy keeps from the forward pass for the backward pass.
 POLICIES: dict[str, str] = {
@@ -30,45 +32,128 @@ def _policy(policy: object) -> str:
     return policy.strip().lower()
 
 
-def _framework(backend: object) -> str:
-    """The framework a saver is for: the action rule (configured, else the one imported)."""
+def _framework(backend: object, obj: object = None, parameter: str = "fn") -> str:
+    """The framework a saver is for: ``obj``'s own where it is a framework object, else the action
+    rule (configured, else the one imported). A ``backend`` that contradicts ``obj`` is refused."""
+    owner = registry.framework_of_object(obj)
+    if owner is not None:
+        if backend is not None and registry.canonical_name(backend) != owner:
+            raise ConfigError(
+                "backend",
+                f"{parameter} is a {owner} object ({type(obj).__name__}) but backend={backend!r}; "
+                f"pass backend={owner!r} or leave it out",
+            )
+        return owner
     name = registry.resolve(backend, "action")
     if name is None:  # an action always names one or raises; kept for the type checker
         raise ConfigError("backend", "pass backend= the framework the block runs in")
     return name
 
 
-def remat(fn: Callable[..., Any], policy: str = "full", backend: str | None = None) -> Callable[..., Any]:
+def remat(fn: T, policy: str = "full", backend: str | None = None) -> T:
     """``fn`` wrapped so the backward pass recomputes, or fetches from the host, what it would keep.
 
-    Call the result where ``fn`` was called: the same outputs and gradients, dropout included.
-    Each framework's mechanism per policy, and what a saver costs: [Memory savers](../guides/memory-savers.md).
+    Call the result where ``fn`` was called: the same outputs and gradients, dropout included. A
+    framework object stays one: a ``torch.nn.Module`` comes back as an ``nn.Module`` (its
+    ``state_dict()`` keys unchanged), a Keras layer as a Keras layer, a Flax module class as the
+    class ``nn.remat`` makes. Each framework's mechanism per policy, and what a saver costs:
+    [Memory savers](../guides/memory-savers.md).
 
     Args:
-        fn: The block: a function, a ``torch.nn.Module``, a Keras layer or model, any differentiable callable.
+        fn: The block: a function, a ``torch.nn.Module``, a Keras layer or model, a Flax module class,
+            any differentiable callable.
         policy: ``"full"`` (default; keep ``fn``'s inputs only), ``"matmuls"`` or ``"offload"``.
-        backend: A framework name or alias, or None (default): the one configured, else the one imported.
+        backend: A framework name or alias, or None (default): ``fn``'s own framework where it is a
+            framework object, else the one configured, else the one imported.
 
     Returns:
-        A callable that runs ``fn`` with the saver.
+        ``fn`` with the saver: a module, layer or module class for one, else a function named as ``fn``.
 
     Raises:
-        ConfigError: ``fn`` is not callable, ``policy`` is none of the three, or ``backend`` is unknown or undecided.
-        UnsupportedFeature: The framework cannot do ``policy`` (the message names the nearest alternative); TensorFlow,
-            in the backward pass: randomness that cannot be replayed.
+        ConfigError: ``fn`` is not callable, ``policy`` is none of the three, or ``backend`` is unknown,
+            undecided or not ``fn``'s framework.
+        UnsupportedFeature: The framework cannot do ``policy`` (the message names the nearest alternative),
+            or ``fn`` draws random numbers no recomputation can replay (the message names the operation and
+            the policy that works; TensorFlow: in the backward pass).
         BackendUnavailable: The framework is not installed.
 
     Example:
         ```python
-        block = unimem.remat(model.encoder, "matmuls", backend="torch")
-        loss = head(block(x)).sum()
+        model.blocks[0] = unimem.remat(model.blocks[0], "matmuls")  # still an nn.Module
+        loss = model(x).sum()
         loss.backward()
         ```
     """
     if not callable(fn):
         raise ConfigError("fn", f"expected the block to recompute (a function, module or layer), got {fn!r}")
     key = _policy(policy)
-    return registry.get_backend(_framework(backend)).savers.remat(fn, key)
+    wrapped: T = registry.get_backend(_framework(backend, fn)).savers.remat(fn, key)
+    return wrapped
+
+
+Match = type | tuple[type, ...] | str | Callable[[Any], bool]
+
+
+def _matcher(match: object) -> Callable[[Any], bool]:
+    """``match`` as a predicate on a submodule: a class or tuple of classes (``isinstance``), a class
+    name (the submodule's class's ``__name__``), or a predicate itself."""
+    if isinstance(match, type) or (
+        isinstance(match, tuple) and match and all(isinstance(item, type) for item in match)
+    ):
+        classes = match
+        return lambda module: isinstance(module, classes)
+    if isinstance(match, str) and match.strip():
+        name = match.strip()
+        return lambda module: type(module).__name__ == name
+    if callable(match):
+        predicate: Callable[[Any], bool] = match
+        return lambda module: bool(predicate(module))
+    raise ConfigError(
+        "match", f"expected a class, a tuple of classes, a class name or a predicate on a submodule, got {match!r}"
+    )
+
+
+def remat_model(model: Any, policy: str = "full", *, match: Match, backend: str | None = None) -> int:
+    """Every submodule of ``model`` that ``match`` picks, saved in place with ``policy``; how many were.
+
+    One call for a whole model, as torch's ``apply_activation_checkpointing``: torch replaces each
+    picked submodule by its ``unimem.remat`` module (``state_dict()`` keys unchanged); Keras runs each
+    picked layer's ``call`` under the saver. A picked submodule's own submodules are not looked at
+    (nested matches are saved once), the model itself is never picked, and one saved before gets the
+    new policy. Works under ``torch.compile``. Flax builds submodules from their classes when the model
+    runs: wrap the block's class instead (``Block = unimem.remat(Block, policy)``, Flax's ``nn.remat``).
+
+    Args:
+        model: A ``torch.nn.Module`` or a Keras layer or model.
+        policy: ``"full"`` (default), ``"matmuls"`` or ``"offload"``, as for ``remat``.
+        match: Which submodules: a class or tuple of classes, a class name (``"GPT2Block"``), or a
+            predicate taking a submodule.
+        backend: A framework name or alias, or None (default): ``model``'s own framework.
+
+    Returns:
+        How many submodules are saved (one reached twice counts once); never 0.
+
+    Raises:
+        ConfigError: ``policy`` or ``match`` is invalid, ``match`` picks no submodule of ``model`` (nothing
+            changed), or ``model`` is not a model of ``backend``.
+        UnsupportedFeature: The framework cannot do ``policy``, or has no models to change in place (JAX).
+        BackendUnavailable: The framework is not installed.
+
+    Example:
+        ```python
+        count = unimem.remat_model(model, "full", match=GPT2Block)  # every transformer block
+        ```
+    """
+    key = _policy(policy)
+    matches = _matcher(match)
+    count = registry.get_backend(_framework(backend, model, "model")).savers.remat_model(model, key, matches)
+    if count == 0:
+        raise ConfigError(
+            "match",
+            f"{match!r} picked no submodule of the model; pass the class of its repeated block (the transformer "
+            "layer, the residual block), a tuple of classes, a class name, or a predicate",
+        )
+    return count
 
 
 def offload(backend: str | None = None) -> contextlib.AbstractContextManager[None]:
