@@ -24,6 +24,7 @@ search left it (what failures left in use and the pool's history lower it).
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import types
 import warnings
@@ -202,7 +203,9 @@ def search(device: Device, reading: str, **kwargs: Any) -> unimem.BatchSizeSearc
         device.resettable = reading != "stats-unresettable"
         kwargs["backend"] = "torch" if reading == "stats-torch" else "jax"
     elif reading == "measure":
-        kwargs.update(measure=device.measure, limit=device.limit)
+        # A reading over limit= fails its trial: the limit sits above the readings' noise, so
+        # that the device's own room is what bounds the answer.
+        kwargs.update(measure=device.measure, limit=math.ceil(device.limit * (1 + device.noise)))
     elif device.predictions != "none":
         kwargs["limit"] = device.limit  # blind: only the predictions are held against it
     with warnings.catch_warnings():

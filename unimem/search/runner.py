@@ -15,7 +15,7 @@ from unimem import registry
 from unimem.diagnose.guard import find_oom
 from unimem.errors import ConfigError, OutOfMemory, UnimemWarning
 from unimem.search.agreement import agree, agree_open
-from unimem.search.attempt import attempt
+from unimem.search.attempt import attempt, tell_ranks
 from unimem.search.policy import call_budget, choose, is_converged
 from unimem.search.predictions import first_size, new_scale, predicted_peak
 from unimem.search.progress import Progress, interrupted
@@ -95,10 +95,8 @@ def _trial(step: Callable[[int], Any], run: Run, size: int, reason: str) -> None
     run.calls += 1
     error, run.last_oom = attempt(step, size, run.bad is not None, run.adapter, run.ranks)
     seconds = clock() - t0
-    peak, peak_reserved, overhead = read_peak(run) if error is None else (None, None, None)
-    if error is None and run.host is not None and peak is not None and run.limit is not None and peak > run.limit:
-        # It ran, but past what the host can spare: a larger size could make the kernel kill the process.
-        error = f"its resident peak {format_bytes(peak)} passed the host limit {format_bytes(run.limit)}"
+    peak, peak_reserved, overhead = _read_peak(run, size) if error is None else (None, None, None)
+    error = error or _past_limit(run, peak)
     release(run, failed=error is not None)  # outside the except block: the frames are gone
     kept = read_kept(run, in_use) if error is not None else None
     if run.backend is None and run.settings.backend is None and not run.trials:
@@ -125,6 +123,29 @@ def _trial(step: Callable[[int], Any], run: Run, size: int, reason: str) -> None
         run.scale.ran(size, error is None, kept_before, peak)
     run.point_kept[size] = kept_before
     record(run, size, error is None, peak)
+
+
+def _read_peak(run: Run, size: int, kind: str = "trial") -> tuple[int | None, int | None, int | None]:
+    """``read_peak``; over ranks, a bad ``measure()`` is posted to the others before it propagates."""
+    try:
+        return read_peak(run)
+    except ConfigError as exc:
+        tell_ranks(run.ranks, kind, size, exc)
+        raise
+
+
+def _past_limit(run: Run, peak: int | None) -> str | None:
+    """Why a call that ran does not fit all the same: its peak passed ``limit=`` or the host's limit,
+    whatever measured it. The step ran only because nothing enforces the limit, and an answer
+    whose own peak is over it is no answer. None: within it, or no limit of the user's or the host's."""
+    if peak is None or run.limit is None or peak <= run.limit:
+        return None
+    if run.host is not None:
+        # Past what the host can spare: a larger size could make the kernel kill the process.
+        return f"its resident peak {format_bytes(peak)} passed the host limit {format_bytes(run.limit)}"
+    if run.settings.limit is None:
+        return None  # the framework's own cap: what ran fit under it
+    return f"its peak {format_bytes(peak)} ({run.measured_by}) passed limit={format_bytes(run.limit)}"
 
 
 def _nothing_fits(run: Run) -> OutOfMemory:
@@ -327,14 +348,17 @@ def _rerun(step: Callable[[int], Any], run: Run, size: int, reason: str) -> Tria
     run.calls += 1
     error, _ = attempt(step, size, True, run.adapter, run.ranks, "re-run")
     seconds = clock() - t0
-    if run.settings.measure is not None:
-        run.settings.measure()  # drop this call's peak, so no later reading sees it
+    peak = None
+    if run.settings.measure is not None and error is None:
+        # Read (which also drops it, so no later reading sees it) and held to the limit like a trial's.
+        peak = _read_peak(run, size, "re-run")[0]
+        error = _past_limit(run, peak)
     release(run, failed=error is not None)
     agreed = agree(run, "re-run", size, Outcome(error, seconds), clock() - run.began)
     error, seconds = agreed.error, agreed.seconds
     run.failed_calls += error is not None
-    run.progress.call(size, error is None, None, seconds, reason, run.calls, run.settings.max_trials)
-    return Trial(size, error is None, None, seconds, reason, error)
+    run.progress.call(size, error is None, peak, seconds, reason, run.calls, run.settings.max_trials)
+    return Trial(size, error is None, peak, seconds, reason, error)
 
 
 def _settling(run: Run) -> contextlib.AbstractContextManager[None]:

@@ -4,6 +4,7 @@ runs (a bad one is a ``ConfigError`` naming it), kept in one frozen record."""
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ from unimem.sizes import parse_size
 if TYPE_CHECKING:
     from unimem.search.ranks import Ranks
 
-__all__ = ["DEFAULT_TIMEOUT", "Settings", "aimed", "check"]
+__all__ = ["DEFAULT_TIMEOUT", "Settings", "aimed", "check", "measured"]
 
 # Seconds each rank waits for the others at each agreement, from its own arrival: a trial can
 # take minutes on a slow rank (a first compilation), and a rank that never comes must not hang the job.
@@ -60,6 +61,22 @@ class Settings:
             "target_global_batch": self.target_global_batch,
             "time_limit": self.time_limit,
         }
+
+
+def measured(value: object) -> int | None:
+    """What ``measure()`` returned, as bytes (None: unknown). Anything but None or a finite number
+    of 0 or more is a ``ConfigError`` naming ``measure``: a NaN or a string would otherwise place
+    the next size from garbage."""
+    if value is None:
+        return None
+    if not isinstance(value, bool) and isinstance(value, numbers.Real):
+        number = float(value)
+        if math.isfinite(number) and number >= 0:
+            return int(number) if isinstance(value, float) else int(math.trunc(value))
+    raise ConfigError(
+        "measure",
+        f"measure() must return the last trial's peak bytes (a finite number of 0 or more) or None, got {value!r}",
+    )
 
 
 def _check_ranks(target_global_batch: object, timeout: object, collective: object) -> float:

@@ -17,7 +17,7 @@ from unimem.search.progress import Progress
 from unimem.search.result import Trial
 from unimem.search.rules import line_bound
 from unimem.search.scale import Scale
-from unimem.search.settings import Settings
+from unimem.search.settings import Settings, measured
 
 if TYPE_CHECKING:
     from unimem.backends.base import Backend
@@ -233,8 +233,7 @@ def release(run: Run, *, failed: bool = False, final: bool = False) -> None:
 def read_peak(run: Run) -> tuple[int | None, int | None, int | None]:
     """The peak, the pool's peak and the pool's overhead of the trial that just fit (None: unknown)."""
     if run.settings.measure is not None:
-        value = run.settings.measure()
-        return (None if value is None else int(value)), None, None
+        return measured(run.settings.measure()), None, None
     if run.host_peaks is not None:
         return run.host_peaks.read(), None, None
     if run.backend is None or run.adapter is None:
