@@ -4,11 +4,13 @@ anything changes (a refused call changes nothing); sizes parse exactly; UNIMEM_*
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from fractions import Fraction
 from typing import Any
 
 import pytest
+from conftest import REPO, run_py, subprocess_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from unimem.backends import steps
@@ -108,7 +110,9 @@ def refused(parameter: str | tuple[str, ...], **kwargs: Any) -> unimem.ConfigErr
 # --- bad arguments, one at a time ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fraction", [0, 0.0, 1.5, -0.1, NAN, INF, -INF, "half", "0.5", True, False, [0.5], 1 + 0j])
+@pytest.mark.parametrize(
+    "fraction", [0, 0.0, 1.5, -0.1, NAN, INF, -INF, "half", "0.5", True, False, [0.5], 1 + 0j, 1e-320, 1e-16]
+)
 def test_bad_fraction(warm, fraction):
     refused("fraction", backend="jax", fraction=fraction)
 
@@ -141,7 +145,9 @@ def test_bad_allocator(warm, allocator):
     refused("allocator", backend="torch", allocator=allocator)
 
 
-@pytest.mark.parametrize("devices", [["0"], [0.5], [True], "0,1", [-1], [0, 0], [], (), True, 1.5, {0: 1}, [0, None]])
+@pytest.mark.parametrize(
+    "devices", [["0"], [0.5], [True], "0,1", [-1], [0, 0], [], (), True, 1.5, {0: 1}, [0, None], [10**19], [2**31]]
+)
 def test_bad_devices(warm, devices):
     refused("devices", backend="jax", devices=devices)
 
@@ -409,6 +415,20 @@ def test_configure_from_env_growth_spellings(monkeypatch, value, growth):
         ({"UNIMEM_BACKEND": "cuda"}, "UNIMEM_BACKEND"),
         ({"UNIMEM_BACKEND": "torch,torch"}, "UNIMEM_BACKEND"),
         ({"UNIMEM_ALLOCATOR": "bfc"}, "UNIMEM_ALLOCATOR"),
+        ({"UNIMEM_FRACTION": "torch=0.5,torch=0.6"}, "UNIMEM_FRACTION"),
+        ({"UNIMEM_FRACTION": "tf=0.3,tensorflow=0.2"}, "UNIMEM_FRACTION"),
+        ({"UNIMEM_FRACTION": "torch="}, "UNIMEM_FRACTION"),
+        ({"UNIMEM_FRACTION": "1e-320"}, "UNIMEM_FRACTION"),
+        ({"UNIMEM_FRACTION": "nan"}, "UNIMEM_FRACTION"),
+        ({"UNIMEM_LIMIT": "torch=1GiB,torch=2GiB"}, "UNIMEM_LIMIT"),
+        ({"UNIMEM_LIMIT": "1e-320"}, "UNIMEM_LIMIT"),
+        ({"UNIMEM_DEVICES": "12345678901234567890"}, "UNIMEM_DEVICES"),
+        ({"UNIMEM_DEVICES": "0,,1"}, "UNIMEM_DEVICES"),
+        ({"UNIMEM_DEVICES": "+1"}, "UNIMEM_DEVICES"),
+        ({"UNIMEM_BACKEND": "torch,,jax"}, "UNIMEM_BACKEND"),
+        ({"UNIMEM_BACKEND": "tf,tensorflow"}, "UNIMEM_BACKEND"),
+        ({"UNIMEM_VERBOSE": "yes"}, "UNIMEM_VERBOSE"),
+        ({"UNIMEM_RUN": "true"}, "UNIMEM_RUN"),
     ],
 )
 def test_configure_from_env_errors_name_the_variable(monkeypatch, env, variable):
@@ -421,6 +441,40 @@ def test_configure_from_env_errors_name_the_variable(monkeypatch, env, variable)
     assert info.value.parameter in names
     assert str(info.value).startswith(f"{info.value.parameter}: ")
     assert dict(os.environ) == before
+
+
+_HOOK = str(REPO / "unimem" / "_bootstrap")
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"UNIMEM_FRACTION": "torch=0.5,torch=0.6"},
+        {"UNIMEM_FRACTION": "1e-320"},
+        {"UNIMEM_DEVICES": "12345678901234567890"},
+        {"UNIMEM_GROWTH": "maybe"},
+    ],
+)
+def test_the_startup_hook_refuses_bad_variables_with_one_line_and_status_2(env: dict[str, str]) -> None:
+    # Before, it printed "Error in sitecustomize" and ran the script uncapped with status 0.
+    proc = run_py("print('the script ran')", env={**env, "UNIMEM_RUN": "1", "PYTHONPATH": _HOOK})
+    assert proc.returncode == 2 and "the script ran" not in proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"unimem run: {next(iter(env))}: "), proc.stderr
+
+
+def test_unimem_run_refuses_the_command_s_bad_variables_before_it_runs(tmp_path: Any) -> None:
+    marker = tmp_path / "ran"
+    command = [sys.executable, "-m", "unimem", "run", "--fraction", "0.3", "--", sys.executable, "-c"]
+    proc = subprocess.run(
+        [*command, f"open({str(marker)!r}, 'w').close()"],
+        env=subprocess_env({"UNIMEM_DEVICES": "0,0"}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and not marker.exists()
+    assert "UNIMEM_DEVICES: device 0 is listed twice" in proc.stderr
 
 
 def test_configure_from_env_with_nothing_set_changes_nothing():

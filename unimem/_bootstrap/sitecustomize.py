@@ -28,10 +28,20 @@ def _apply() -> None:
     # unimem's warnings later in the command (a cap hook that fires at the framework's import)
     # print as one line: the source line Python would show is unimem's own, not the script's.
     one_line_warnings()
-    with warnings.catch_warnings():
-        # `unimem run` already printed these warnings when it applied the same settings.
-        warnings.simplefilter("ignore", unimem.UnimemWarning)
-        applied = unimem.configure_from_env()
+    try:
+        with warnings.catch_warnings():
+            # `unimem run` already printed these warnings when it applied the same settings.
+            warnings.simplefilter("ignore", unimem.UnimemWarning)
+            applied = unimem.configure_from_env()
+    except unimem.ConfigError as exc:
+        # Running the script without the settings it was started with would be running it uncapped.
+        # os._exit: an exception here would only print "Error in sitecustomize" and run the script.
+        sys.stderr.write(f"unimem run: {exc}; {sys.executable} did not run the command\n")
+        sys.stderr.flush()
+        os._exit(2)
+    except unimem.UnimemError as exc:
+        sys.stderr.write(f"unimem run: settings not applied in {sys.executable} (pid {os.getpid()}): {exc}\n")
+        return
     if os.environ.get("UNIMEM_VERBOSE") == "1":
         sys.stderr.write(f"unimem run: in {sys.executable} (pid {os.getpid()}):\n{applied}\n")
 

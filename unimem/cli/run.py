@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from unimem.applied import Applied
-from unimem.config import ENV_VARS
+from unimem.config import ENV_VARS, check_env
 from unimem.errors import UnimemWarning
 
 __all__ = ["child_environment", "exec_command", "one_line_warnings"]
@@ -83,6 +83,8 @@ def exec_command(command: Sequence[str], settings: Mapping[str, Any], *, verbose
     import unimem
 
     one_line_warnings()
+    # The command's startup hook reads its UNIMEM_* (the options and the user's own) and refuses bad ones.
+    check_env(child_environment(settings))
     applied: Applied = unimem.configure(**{k: v for k, v in settings.items() if v is not None})
     if verbose:
         sys.stderr.write(f"unimem run: {' '.join(command)}\n{applied}\n")
