@@ -16,6 +16,7 @@ import textwrap
 import threading
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -439,3 +440,72 @@ def test_a_plot_without_matplotlib_says_so_even_where_parts_of_it_are_loaded(
     with pytest.raises(unimem.BackendUnavailable, match=r"pip install 'unimem\[plot\]'"):
         unimem.plot_recordings([recording, recording], tmp_path / "ranks.png")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- a recording streamed to a file as it runs ----------------------------------------------------
+
+
+def _stream_lines(path: Path) -> list[Any]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _records(path: Path, tag: str) -> list[list[Any]]:
+    """The stream's records of one kind: ``"d"`` device samples, ``"f"`` framework samples, ``"m"`` marks."""
+    return [line for line in _stream_lines(path) if isinstance(line, list) and line[0] == tag]
+
+
+def test_a_monitor_streams_every_sample_and_mark_to_its_path_as_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(monitor_module, "counter_reader", lambda name, device: (lambda: (7 << 20, 8 << 20), ""))
+    path = tmp_path / "memory.jsonl"
+    with unimem.monitor(0.02, framework_interval=0.02, path=path) as m:
+        m.mark("start")
+        deadline = time.monotonic() + 30
+        while len(_records(path, "f")) < 5:  # on disk within FLUSH_EVERY
+            assert time.monotonic() < deadline, "nothing streamed"
+            time.sleep(0.05)
+        with pytest.warns(unimem.UnimemWarning, match="no end record"):
+            running = load_recording(path)  # readable while it is written: a cut file
+        assert running.samples and [mark.label for mark in running.marks] == ["start"]
+    lines = _stream_lines(path)
+    assert lines[0]["format"] == "unimem.recording-stream/1" and lines[0]["meta"]["interval"] == 0.02
+    end = lines[-1]["end"]
+    assert end["samples"] == len(lines) - 3 and end["marks"] == 1
+    assert end["meta"]["stopped"] == m.recording.meta["stopped"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", unimem.UnimemWarning)  # whole: no "cut short" warning
+        back = load_recording(path)
+    assert back.samples == m.samples and back.marks == m.marks
+    assert {s.source for s in back.samples} == {"device", "framework"}
+
+
+def test_a_streamed_file_keeps_every_sample_while_memory_is_thinned(tmp_path: Path) -> None:
+    path = tmp_path / "memory.jsonl"
+    with unimem.monitor(0.002, max_samples=100, path=path) as m:
+        time.sleep(1.0)
+    kept = [s for s in m.samples if s.source == "device"]
+    streamed = _records(path, "d")
+    assert len(kept) <= 100 < len(streamed)
+    assert len(streamed) == _stream_lines(path)[-1]["end"]["samples"]
+
+
+@pytest.mark.parametrize("name", ["memory.json", "memory.csv", "memory", "no/such/folder/memory.jsonl", ""])
+def test_a_stream_path_is_checked_before_anything_starts(tmp_path: Path, name: str) -> None:
+    before = _children()
+    with pytest.raises(unimem.ConfigError) as info:
+        unimem.monitor(0.1, path=tmp_path / name if name else name)
+    assert info.value.parameter == "path"
+    assert _children() == before and list(tmp_path.iterdir()) == []
+
+
+def test_a_stream_that_cannot_be_created_leaves_nothing_running(tmp_path: Path) -> None:
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    m = unimem.monitor(0.1, path=folder / "memory.jsonl")
+    folder.rmdir()  # the folder went away between monitor() and start()
+    before = _children()
+    with pytest.raises(unimem.ConfigError, match="cannot write in") as info:
+        m.start()
+    assert info.value.parameter == "path"
+    assert _children() == before and not m.running

@@ -104,8 +104,8 @@ def open_recording(path: object, limit: int) -> tuple[BinaryIO, Path]:
         if info.st_size > limit:
             raise ConfigError(
                 "path",
-                f"{source} is {format_bytes(info.st_size)}, over the {format_bytes(limit)} a recording of its "
-                "format may be; it is not a file unimem wrote",
+                f"{source} is {info.st_size} bytes, over the {format_bytes(limit)} a recording of its format "
+                "may be; it is not a file unimem wrote",
             )
         return os.fdopen(fd, "rb"), source
     except BaseException:
@@ -155,7 +155,8 @@ def parse_document(text: str, where: str, arrays: frozenset[str]) -> tuple[Any, 
             return salvaged, True
         raise ConfigError("path", f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     except ValueError as exc:  # NaN/Infinity, or an integer longer than Python converts
-        raise ConfigError("path", f"{where}: {exc}") from None
+        problem = "a number too long to be a figure" if "digits" in str(exc) else str(exc)
+        raise ConfigError("path", f"{where}: {problem}") from None
 
 
 # --- the values a recording holds -------------------------------------------------------------------

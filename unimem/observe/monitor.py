@@ -20,6 +20,18 @@ keeps at most ``max_samples`` samples; when full, neighbouring pairs merge (the 
 else the higher reading, survives) and the stream's resolution halves (see
 ``BoundedSeries``). Marks keep the latest ``max_samples``.
 
+``path=`` streams the recording to a JSON Lines file as it runs (``unimem.observe.stream``):
+the sampler process is its one writer, this process sends it the allocator samples and marks
+down its pipe, and the file keeps every sample (the memory above may be thinned). A kill of
+this process loses nothing the sampler has; a kill of both loses at most the last
+``FLUSH_EVERY`` seconds.
+
+Forks: no lock is held across a fork (each is made anew in the child, where a thread of the
+parent may have held it), and a forked child closes its copy of the pipe to the sampler and
+never touches it; the child's monitor is a stopped copy. The sampler watches this process
+itself, so it ends when this process dies even while forked children (DataLoader workers)
+live on.
+
 NVML errors during the run are gaps (samples with ``error`` set), counted in the
 notes; the sampler keeps going. Without NVML or a GPU the timeline has the
 framework's figures (None on the CPU) and host RSS, and the notes say why.
@@ -37,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -46,8 +59,9 @@ from typing import IO, Any
 from unimem import ranks, registry
 from unimem.api import read_snapshot
 from unimem.config import check_device
-from unimem.errors import BackendUnavailable, ConfigError, NoFigures, UnimemError
+from unimem.errors import BackendUnavailable, ConfigError, NoFigures, UnimemError, UnimemWarning
 from unimem.memory_stats import MemoryStats
+from unimem.observe.files import check_target
 from unimem.observe.recording import (
     SOURCE_DEVICE,
     SOURCE_FRAMEWORK,
@@ -57,8 +71,10 @@ from unimem.observe.recording import (
     Recording,
     Sample,
     counted,
+    failed_readings_note,
     merge_samples,
 )
+from unimem.observe.stream import FRAMEWORK, MARK, encode
 from unimem.observe.track import resolve_query
 
 __all__ = ["MIN_FRAMEWORK_INTERVAL", "MIN_INTERVAL", "Monitor", "check_interval", "counter_reader", "monitor"]
@@ -69,6 +85,8 @@ DEFAULT_FRAMEWORK_INTERVAL = 0.1
 DEFAULT_MAX_SAMPLES = 20_000
 _START_TIMEOUT = 60.0  # a cold interpreter on a loaded CI machine can take seconds
 _REPLY_TIMEOUT = 30.0
+_SEND_TIMEOUT = 1.0  # a sampler this far behind drops a record rather than stall the training loop
+_RELEASE_TIMEOUT = 2.0  # at exit, time the sampler has to write what it holds before it is killed
 
 Counters = tuple[int | None, int | None]  # (allocated, reserved)
 
@@ -103,6 +121,27 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def _release(proc: subprocess.Popen[bytes], to_sampler: int) -> None:
+    """A monitor never stopped (its process exits, or it was dropped): close the sampler's input
+    so it writes what it holds and ends; kill it only if it does not."""
+    with contextlib.suppress(OSError):
+        os.close(to_sampler)
+    try:
+        proc.wait(timeout=_RELEASE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+
+
+# Every monitor made in this process, so a forked child can make its locks anew and let go of
+# its parent's sampler (see Monitor._forked).
+_MONITORS: weakref.WeakSet[Monitor] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for made in list(_MONITORS):
+        made._forked()
+
+
 class Monitor(Recorder):
     """A background memory timeline. ``with unimem.monitor(0.01) as m: ...`` or ``m.start()`` / ``m.stop()``.
 
@@ -120,6 +159,7 @@ class Monitor(Recorder):
             number ≥ 0.01, or None: only at ``mark()``).
         max_samples: Samples kept per stream (at least 100).
         probe: ``"module:factory"`` run in the sampler process instead of NVML, or None.
+        path: A ``.jsonl`` file the recording is streamed to as it runs, or None.
 
     Attributes:
         interval (float): Seconds between NVML/host samples.
@@ -129,6 +169,7 @@ class Monitor(Recorder):
             None when no framework is in use.
         device (int): The device index.
         max_samples (int): Samples kept per stream.
+        path (Path | None): The file the recording is streamed to; None: kept in memory only.
         start_stats (MemoryStats | None): ``stats()`` at ``start()``.
         end_stats (MemoryStats | None): ``stats()`` at ``stop()``.
 
@@ -145,6 +186,7 @@ class Monitor(Recorder):
         framework_interval: float | None | str = "auto",
         max_samples: int = DEFAULT_MAX_SAMPLES,
         probe: str | None = None,
+        path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.interval = check_interval(interval, "interval", MIN_INTERVAL)
         if framework_interval == "auto":
@@ -160,15 +202,22 @@ class Monitor(Recorder):
             raise ConfigError("max_samples", f"expected an int of at least 100, got {max_samples!r}")
         if probe is not None and (not isinstance(probe, str) or ":" not in probe):
             raise ConfigError("probe", f"expected 'module:factory', got {probe!r}")
+        self.path = None if path is None else check_target(path, ".jsonl")
         self.max_samples = max_samples
         self._requested = backend
         self._probe = probe
         self.backend: str | None = None
         self._lock = threading.Lock()
         self._conversation = threading.Lock()
+        self._send_lock = threading.Lock()
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._to_sampler = -1  # the write end of the sampler's stdin (non-blocking)
+        self._from_sampler = -1  # the read end of its stdout
+        self._inbox = bytearray()
+        self._stream_error: str | None = None
+        self._dropped = 0
         self._stderr: IO[bytes] | None = None
         self._finalizer: weakref.finalize | None = None
         self._reader: Callable[[], Counters] | None = None
@@ -185,6 +234,7 @@ class Monitor(Recorder):
         self.start_stats: MemoryStats | None = None
         self.end_stats: MemoryStats | None = None
         self._prometheus: Any = None
+        _MONITORS.add(self)
 
     def __repr__(self) -> str:
         """``Monitor(backend='torch', device=0, interval=0.1 s, 57 samples, running)``."""
@@ -226,7 +276,7 @@ class Monitor(Recorder):
                 ``unimem.monitor()`` for another run), or the sampler process did not
                 start (the message quotes its error output).
             ConfigError: With ``backend=None``, two frameworks are candidates: pass
-                ``backend=``.
+                ``backend=``; or the ``path`` file cannot be created (nothing is left running).
             BackendUnavailable: The named backend's framework (or, named explicitly,
                 NVML) is not available.
         """
@@ -250,6 +300,7 @@ class Monitor(Recorder):
             self._spawn()
         except BaseException:
             self._stopped = time.time()
+            self._finish_process(kill=False)  # interrupted while starting: the sampler ends, its file whole
             raise
         self._started = time.time()  # the timeline starts when the sampler is ready, not at its launch
         if self._reader is not None and self.framework_interval is not None:
@@ -274,6 +325,8 @@ class Monitor(Recorder):
             args += ["--uuid", uuid]
         if self._probe is not None:
             args += ["--probe", self._probe]
+        if self.path is not None:
+            args += ["--stream", os.path.abspath(self.path), "--meta", json.dumps(self._meta(), default=str)]
         # The child resolves imports exactly as this process does (editable installs, PYTHONPATH, a checkout).
         code = (
             "import json, sys; sys.path[:] = json.loads(sys.argv.pop(1)); "
@@ -281,35 +334,76 @@ class Monitor(Recorder):
         )
         # Kept open for the sampler's lifetime (read if it dies), closed in _finish_process.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code, json.dumps(sys.path), *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            close_fds=True,
-        )
+        # Pipes made here, not by Popen: raw descriptors this process alone owns (no buffered file
+        # object whose lock a fork could copy held), closed by a forked child at once.
+        stdin_read, self._to_sampler = os.pipe()
+        self._from_sampler, stdout_write = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code, json.dumps(sys.path), *args],
+                stdin=stdin_read,
+                stdout=stdout_write,
+                stderr=self._stderr,
+                close_fds=True,
+            )
+        except BaseException:
+            self._close_pipes()
+            raise
+        finally:
+            os.close(stdin_read)
+            os.close(stdout_write)
+        os.set_blocking(self._to_sampler, False)  # a stuck sampler must not stall the training loop
         self._proc = proc
-        self._finalizer = weakref.finalize(self, _kill, proc)
+        self._finalizer = weakref.finalize(self, _release, proc, self._to_sampler)
         try:
             ready = json.loads(self._read_line(_START_TIMEOUT))
         except (UnimemError, ValueError) as exc:
             self._finish_process(kill=True)
             raise UnimemError(f"monitor: the sampler process did not start ({exc}){self._stderr_tail()}") from None
+        if ready.get("stream", "ok") != "ok":
+            self._finish_process(kill=True)
+            raise ConfigError("path", str(ready["stream"]))
         if ready.get("probe") != "ok":
             self._notes.append(f"device figures unavailable: {ready.get('probe')}")
         if ready.get("host") != "ok":
             self._notes.append(str(ready.get("host")))
 
     def _read_line(self, timeout: float) -> str:
-        proc = self._proc
-        assert proc is not None and proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
-        if not ready:
-            raise UnimemError(f"no answer from the sampler process in {timeout:g} s")
-        line = proc.stdout.readline()
-        if not line:
-            raise UnimemError(f"the sampler process exited (code {proc.poll()})")
+        """The sampler's next reply line, within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._inbox:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._from_sampler], [], [], left)[0]:
+                raise UnimemError(f"no answer from the sampler process in {timeout:g} s")
+            chunk = os.read(self._from_sampler, 1 << 16)
+            if not chunk:
+                raise UnimemError(
+                    f"the sampler process exited (code {None if self._proc is None else self._proc.poll()})"
+                )
+            self._inbox += chunk
+        line, _, rest = bytes(self._inbox).partition(b"\n")
+        self._inbox = bytearray(rest)
         return line.decode()
+
+    def _send(self, line: bytes) -> bool:
+        """One line down the sampler's pipe; False if it is gone, or so far behind that the line is dropped."""
+        with self._send_lock:
+            fd = self._to_sampler
+            if fd < 0:
+                return False
+            view, deadline = memoryview(line), time.monotonic() + _SEND_TIMEOUT
+            try:
+                while view:
+                    try:
+                        view = view[os.write(fd, view) :]
+                    except BlockingIOError:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or not select.select([], [fd], [], left)[1]:
+                            self._dropped += 1
+                            return False
+            except OSError:
+                return False  # the sampler is gone; stop() says so
+            return True
 
     def _stderr_tail(self) -> str:
         if self._stderr is None:
@@ -321,12 +415,12 @@ class Monitor(Recorder):
     def _ask(self, command: str) -> dict[str, Any] | None:
         """One request to the sampler; None if it is gone (its data is then what was collected)."""
         proc = self._proc
-        if proc is None or proc.poll() is not None or proc.stdin is None:
+        if proc is None or proc.poll() is not None:
             return None
         with self._conversation:
             try:
-                proc.stdin.write(command.encode() + b"\n")
-                proc.stdin.flush()
+                if not self._send(command.encode() + b"\n"):
+                    raise UnimemError("its pipe is closed or full")
                 reply: dict[str, Any] = json.loads(self._read_line(_REPLY_TIMEOUT))
             except (OSError, ValueError, UnimemError) as exc:
                 self._notes.append(f"sampler process lost: {exc}{self._stderr_tail()}")
@@ -336,6 +430,7 @@ class Monitor(Recorder):
     def _take(self, reply: dict[str, Any] | None) -> None:
         if reply is None:
             return
+        self._stream_error = reply.get("stream") or self._stream_error
         self._device_rows = reply.get("samples", [])
         self._device_errors = reply.get("errors", [])
         self._device_error_count = int(reply.get("error_count", 0))
@@ -344,13 +439,18 @@ class Monitor(Recorder):
     def stop(self) -> Recording:
         """Stop sampling (within one interval), collect the samples; returns the recording.
 
-        Leaves no thread and no process behind. Calling it again is harmless.
+        Leaves no thread and no process behind. Calling it again is harmless. With ``path``,
+        the file gets its end record (the final meta) before this returns.
 
         Returns:
             The run's samples, marks and meta (cap, interval, notes).
 
         Raises:
             UnimemError: The monitor was never started.
+
+        Warns:
+            UnimemWarning: Writing the ``path`` file failed during the run (the disk filled, the
+                folder went away); the file ends there, this recording is whole.
         """
         if self._started is None:
             raise UnimemError("this monitor was never started")
@@ -360,28 +460,47 @@ class Monitor(Recorder):
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        failure: Exception | None = None
+        try:
+            if self.backend is not None:
+                self.end_stats = read_snapshot(self.backend, self.device)
+        except Exception as exc:  # raised once the sampler is stopped: nothing may be left running
+            failure = exc
+        self._stopped = time.time()
+        if self.path is not None:
+            self._send(encode({"end": self._meta()}))
         self._take(self._ask("stop"))
         self._finish_process(kill=False)
         if self._prometheus is not None:
             self._prometheus.close()
             self._prometheus = None
-        self._stopped = time.time()
-        if self.backend is not None:
-            self.end_stats = read_snapshot(self.backend, self.device)
         if self._device_error_count:
             first = self._device_errors[0] if self._device_errors else "?"
-            self._notes.append(
-                f"device readings failed {self._device_error_count} times (gaps in the data); first error: {first}"
-            )
+            self._notes.append(failed_readings_note(self._device_error_count, first))
+        if self._dropped:
+            self._notes.append(f"{counted(self._dropped, 'record')} not streamed: the sampler fell behind")
+        if self._stream_error is not None:
+            self._notes.append(self._stream_error)
+            warnings.warn(f"monitor: {self._stream_error}", UnimemWarning, stacklevel=2)
+        if failure is not None:
+            raise failure
         return self.recording
+
+    def _close_pipes(self) -> None:
+        for fd in (self._to_sampler, self._from_sampler):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._to_sampler = self._from_sampler = -1
 
     def _finish_process(self, kill: bool) -> None:
         proc = self._proc
         if proc is None:
             return
-        if proc.stdin is not None:
-            with contextlib.suppress(OSError):  # already closed by a dead sampler
-                proc.stdin.close()
+        with self._send_lock:  # a record being sent finishes first: the sampler never reads half a line
+            with contextlib.suppress(OSError):
+                os.close(self._to_sampler)  # its end of input: the sampler writes what it holds and ends
+            self._to_sampler = -1
         if kill:
             _kill(proc)
         else:
@@ -389,13 +508,31 @@ class Monitor(Recorder):
                 proc.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
                 _kill(proc)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        self._close_pipes()
         if self._finalizer is not None:
             self._finalizer.detach()
         if self._stderr is not None and not kill:
             self._stderr.close()
             self._stderr = None
+
+    def _forked(self) -> None:
+        """In a forked child: locks made anew (a thread of the parent may have held one at the fork),
+        the pipe to the parent's sampler closed and the sampler never touched; a running monitor
+        becomes a stopped copy."""
+        self._lock = threading.Lock()
+        self._conversation = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._stop_event = threading.Event()
+        self._stop_event.set()
+        self._close_pipes()
+        if self._finalizer is not None:
+            self._finalizer.detach()  # the sampler is the parent's to end
+        self._proc = None
+        self._thread = None
+        self._prometheus = None  # its server thread stayed in the parent
+        if self.running:
+            self._stopped = time.time()
+            self._notes.append(f"a forked copy (pid {os.getpid()}); the recording is the parent's")
 
     def __enter__(self) -> Monitor:
         return self.start()
@@ -426,6 +563,8 @@ class Monitor(Recorder):
                 sample = Sample(now, SOURCE_FRAMEWORK, error=f"{type(exc).__name__}: {exc}")
             with lock:
                 add(sample)
+            if self.path is not None:
+                self._send(encode([FRAMEWORK, now, sample.allocated, sample.reserved, sample.error]))
 
     def mark(self, label: str) -> Mark:
         """Record an event (an epoch, a phase) with the allocator's figures now.
@@ -453,6 +592,8 @@ class Monitor(Recorder):
         with self._lock:
             self._marks.append(mark)
             self._marks_seen += 1
+        if self.path is not None and self.running:
+            self._send(encode([MARK, mark.time, label, allocated, reserved]))
         return mark
 
     # --- results -----------------------------------------------------------------
@@ -491,18 +632,25 @@ class Monitor(Recorder):
         """The run so far as a ``Recording``: samples, marks, and meta (backend, device,
         intervals, cap, device total, decimation, notes)."""
         samples = self.samples
+        meta = self._meta()
+        if meta["device_total"] is None:
+            meta["device_total"] = next((s.device_total for s in samples if s.device_total is not None), None)
+        meta["decimation"] = {"device_stride": self._device_stride, "framework_stride": self._framework.stride}
+        meta["device_errors"] = self._device_error_count
+        return Recording(samples, self.marks, meta)
+
+    def _meta(self) -> dict[str, Any]:
+        """The recording's meta as this process knows it (a stream's header and end record carry it)."""
         limit = None
         device_total = None
         for snapshot in (self.end_stats, self.start_stats):
             if snapshot is not None:
                 limit = limit if limit is not None else snapshot.limit
                 device_total = device_total if device_total is not None else snapshot.device_total
-        if device_total is None:
-            device_total = next((s.device_total for s in samples if s.device_total is not None), None)
         notes = list(self._notes)
         if self._marks_seen > len(self._marks):
             notes.append(f"{self._marks_seen - len(self._marks)} oldest marks dropped (max_samples={self.max_samples})")
-        meta = {
+        return {
             "backend": self.backend,
             "device": self.device,
             "pid": os.getpid(),
@@ -514,11 +662,8 @@ class Monitor(Recorder):
             "limit": limit,
             "device_total": device_total,
             "max_samples": self.max_samples,
-            "decimation": {"device_stride": self._device_stride, "framework_stride": self._framework.stride},
-            "device_errors": self._device_error_count,
             "notes": notes,
         }
-        return Recording(samples, self.marks, meta)
 
     @property
     def gaps(self) -> list[tuple[float, str]]:
@@ -581,6 +726,7 @@ def monitor(
     framework_interval: float | None | str = "auto",
     max_samples: int = DEFAULT_MAX_SAMPLES,
     probe: str | None = None,
+    path: str | os.PathLike[str] | None = None,
 ) -> Monitor:
     """A background memory timeline; use as ``with unimem.monitor(0.01) as m:`` or ``.start()``/``.stop()``.
 
@@ -609,6 +755,11 @@ def monitor(
             the latest ``max_samples``.
         probe: ``"module:factory"`` run in the sampler process instead of NVML (see
             ``unimem.observe.sampler``); None (default): NVML.
+        path: A ``.jsonl`` file to stream the recording to as it runs (None, the default:
+            memory only, saved with ``to_json``/``to_csv``). The sampler process writes every
+            sample and mark at least twice a second and an end record at the end, even when
+            this process is killed first; a kill of both loses at most the last half second.
+            ``load_recording`` reads it. A file already there is replaced at ``start()``.
 
     Returns:
         The monitor, not yet started.
@@ -616,7 +767,8 @@ def monitor(
     Raises:
         ConfigError: An interval is not a positive number or under its floor,
             ``backend`` is unknown, ``device`` is not an index of 0 or more,
-            ``max_samples`` is under 100, or ``probe`` is not ``"module:factory"``.
+            ``max_samples`` is under 100, ``probe`` is not ``"module:factory"``, or
+            ``path`` is not a ``.jsonl`` file in a folder that exists.
 
     A per-epoch peak needs no monitor per epoch: mark each epoch and ask the recording,
     ``m.recording.peak_between("epoch 1", "epoch 2", field="host_rss")``.
@@ -640,4 +792,9 @@ def monitor(
         framework_interval=framework_interval,
         max_samples=max_samples,
         probe=probe,
+        path=path,
     )
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

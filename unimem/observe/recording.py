@@ -202,6 +202,11 @@ def counted(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
+def failed_readings_note(count: int, first: str) -> str:
+    """The note a recording carries when device readings failed: how often, and the first error."""
+    return f"device readings failed {count} times (gaps in the data); first error: {first}"
+
+
 # The peaks a recording's repr names, where known: the device's view, the framework's, the host's.
 _SUMMARY_PEAKS = (
     ("process_used", "process peak (NVML)"),

@@ -1,0 +1,172 @@
+"""Recording files: saves that a kill cannot half-write, cut files told from whole ones and
+recovered, and hostile files refused with a ConfigError naming the file, never a raw traceback.
+
+The kills themselves are in test_monitor_faults.py; the hostile files and the damage done to
+whole files are made by fault_trials.py (which benchmarks/bench_faults.py runs a hundred times).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import warnings
+from pathlib import Path
+
+import pytest
+from fault_trials import hostile_paths, mutated_outcomes, outcome
+
+import unimem
+from unimem.observe import files
+from unimem.observe.recording import Mark, Recording, Sample, load_recording
+
+
+def _recording(count: int = 30) -> Recording:
+    samples = [Sample(1.7e9 + i, "device", process_used=i << 20, host_rss=(i + 1) << 20) for i in range(count)]
+    marks = [Mark(1.7e9 + 5, "epoch 1", 3 << 20, None), Mark(1.7e9 + 20, "epoch 2", None, None)]
+    return Recording(samples, marks, {"backend": None, "device": 0, "interval": 1.0, "notes": []})
+
+
+def _loaded_with_warning(path: Path) -> tuple[Recording, str]:
+    with pytest.warns(unimem.UnimemWarning) as caught:
+        recording = load_recording(path)
+    return recording, str(caught[0].message)
+
+
+# --- hostile files -------------------------------------------------------------------------------
+
+
+def test_no_hostile_file_gets_a_raw_traceback(tmp_path: Path) -> None:
+    paths = hostile_paths(tmp_path)
+    assert len(paths) >= 50
+    wrong = []
+    for name, (path, due) in paths.items():
+        got, detail = outcome(path)
+        named = isinstance(path, Path) and str(path) in detail
+        if got != due or (got == "refused" and isinstance(path, Path) and not named):
+            wrong.append(f"{name}: due {due}, got {got}: {detail[:300]}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_refusal_names_the_parameter_and_changes_nothing(tmp_path: Path) -> None:
+    fifo = tmp_path / "memory.json"
+    os.mkfifo(fifo)
+    with pytest.raises(unimem.ConfigError, match="is a FIFO") as info:
+        load_recording(fifo)  # opened without blocking: no writer is waited for
+    assert info.value.parameter == "path"
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_damaged_copies_of_whole_files_load_or_are_refused(tmp_path: Path) -> None:
+    seen = mutated_outcomes(tmp_path, count=10, seed=7)
+    assert [detail for _, got, detail in seen if got == "raw"] == []
+    assert {got for _, got, _ in seen} <= {"ok", "cut", "refused"}
+
+
+# --- saves ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["to_json", "to_csv"])
+def test_a_save_that_fails_leaves_the_previous_file_and_no_temporary(
+    tmp_path: Path, method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    suffix = ".json" if method == "to_json" else ".csv"
+    target = getattr(_recording(), method)(tmp_path / f"memory{suffix}")
+    before = target.read_bytes()
+
+    def full_disk(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full_disk)
+    with pytest.raises(unimem.ConfigError, match="No space left on device.*nothing was changed") as info:
+        getattr(_recording(50), method)(target)
+    assert info.value.parameter == "path"
+    assert target.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+
+
+def test_a_save_keeps_the_files_permissions(tmp_path: Path) -> None:
+    target = _recording().to_json(tmp_path / "memory.json")
+    target.chmod(0o640)
+    _recording(40).to_json(target)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert len(load_recording(target).samples) == 40
+
+
+# --- cut files -----------------------------------------------------------------------------------
+
+
+def test_a_json_cut_short_gives_back_every_whole_sample_with_a_warning(tmp_path: Path) -> None:
+    whole = _recording().to_json(tmp_path / "memory.json").read_bytes()
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(whole[: whole.index(b'"time": 1700000012.0') + 5])
+    recording, message = _loaded_with_warning(cut)
+    assert [s.time for s in recording.samples] == [1.7e9 + i for i in range(12)]
+    assert "cut short" in message and "recovered 12 of 30 samples and 0 of 2 marks" in message
+    assert message in recording.notes
+
+
+def test_a_csv_cut_at_a_rows_end_is_told_from_a_whole_one(tmp_path: Path) -> None:
+    whole = _recording().to_csv(tmp_path / "memory.csv").read_bytes()
+    assert load_recording(tmp_path / "memory.csv").samples == _recording().samples  # whole: no warning
+    lines = whole.splitlines(keepends=True)
+    cut = tmp_path / "cut.csv"
+    cut.write_bytes(b"".join(lines[:12]))  # the comment, the header, 10 rows: a row boundary
+    recording, message = _loaded_with_warning(cut)
+    assert len(recording.samples) + len(recording.marks) == 10
+    assert "recovered 10 of 32 rows" in message
+
+
+def test_a_csv_written_before_rows_were_counted_still_loads(tmp_path: Path) -> None:
+    text = _recording().to_csv(tmp_path / "new.csv").read_text(encoding="utf-8")
+    header, _, body = text.partition("\n")
+    meta = json.loads(header.partition(" ")[2].partition(" ")[2])["meta"]
+    old = tmp_path / "old.csv"
+    old.write_text(f"# unimem.observe.recording {json.dumps(meta)}\n{body}", encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        recording = load_recording(old)
+    assert recording.samples == _recording().samples and recording.meta == meta
+
+
+def _stream_lines(count: int, max_samples: int | None = None) -> list[str]:
+    meta = {"backend": None, "device": 0, "started": 1.7e9, "notes": ["at start"]}
+    if max_samples is not None:
+        meta["max_samples"] = max_samples
+    lines = [json.dumps({"format": "unimem.recording-stream/1", "meta": meta})]
+    lines += [json.dumps(["d", 1.7e9 + i, None, None, (i % 50) << 20, 1 << 20, None]) for i in range(count)]
+    lines += [json.dumps(["f", 1.7e9 + i + 0.5, i, 2 * i, None]) for i in range(count)]
+    lines += [json.dumps(["m", 1.7e9 + 1, "epoch 1", None, None])]
+    return lines
+
+
+def test_a_stream_without_its_end_record_loads_with_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "memory.jsonl"
+    path.write_text("\n".join(_stream_lines(10)) + '\n["d", 1700000011.0, null, nu', encoding="utf-8")
+    recording, message = _loaded_with_warning(path)
+    assert len(recording.samples) == 20 and [m.label for m in recording.marks] == ["epoch 1"]
+    assert "no end record" in message and "recovered 20 samples" in message and "written in part" in message
+    assert recording.notes == ["at start", message]
+
+
+def test_a_whole_stream_takes_its_end_records_meta(tmp_path: Path) -> None:
+    path = tmp_path / "memory.jsonl"
+    end = {"end": {"samples": 20, "marks": 1, "meta": {"stopped": 1.7e9 + 10, "notes": ["at start", "at end"]}}}
+    path.write_text("\n".join([*_stream_lines(10), json.dumps(end)]) + "\n", encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        recording = load_recording(path)
+    assert recording.meta["stopped"] == 1.7e9 + 10 and recording.notes == ["at start", "at end"]
+    assert [s.time for s in recording.samples] == sorted(s.time for s in recording.samples)
+
+
+def test_a_long_stream_is_read_into_bounded_series_peaks_kept(tmp_path: Path) -> None:
+    path = tmp_path / "memory.jsonl"
+    path.write_text("\n".join(_stream_lines(1000, max_samples=100)) + "\n", encoding="utf-8")
+    with pytest.warns(unimem.UnimemWarning, match="no end record"):
+        recording = load_recording(path)
+    device = [s for s in recording.samples if s.source == "device"]
+    assert len(device) <= 100 and max(s.process_used or 0 for s in device) == 49 << 20
+    assert recording.meta["decimation"]["device_stride"] > 1
+    assert any("of the file's 2000 samples" in note for note in recording.notes)
