@@ -20,14 +20,22 @@ an error in the backward pass, never silently wrong gradients.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from unimem.backends.base import Savers
 
-from unimem.errors import UnsupportedFeature
+from unimem.errors import ConfigError, UnsupportedFeature
 
-__all__ = ["MISMATCH", "TOLERANCE", "TensorFlowSavers", "layers_reached", "seed_states"]
+__all__ = [
+    "MISMATCH",
+    "TOLERANCE",
+    "RecomputedCall",
+    "TensorFlowSavers",
+    "layers_reached",
+    "seed_states",
+]  # and RematLayer, built on first use
 
 # The name Keras gives every SeedGenerator's state variable.
 SEED_STATE = "seed_generator_state"
@@ -133,22 +141,106 @@ def _replay_call(tf: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs:
     return tf.recompute_grad(replaying)(*args)
 
 
+class RecomputedCall:
+    """A Keras layer's ``call``, run under ``tf.recompute_grad`` with its dropout replayed: what
+    ``remat_model`` puts on each layer it saves (the layer object, its weights and its place in
+    the model stay as they were)."""
+
+    def __init__(self, call: Callable[..., Any]) -> None:
+        self.call = call  # the layer's own bound call
+        functools.update_wrapper(self, call, updated=())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import tensorflow as tf
+
+        return _replay_call(tf, self.call, args, kwargs)
+
+
+def _layer_class() -> type:
+    """``RematLayer``, built once: a Keras layer that runs the layer it wraps recomputed."""
+    import keras
+    import tensorflow as tf
+
+    class RematLayer(keras.layers.Wrapper):
+        """``layer`` recomputed in the backward pass, its dropout replayed; its weights are the layer's."""
+
+        def __init__(self, layer: Any, policy: str = "full", **kwargs: Any) -> None:
+            super().__init__(layer, **kwargs)
+            self.policy = policy
+
+        def build(self, input_shape: Any = None) -> None:
+            self.built = True  # the wrapped layer builds itself on its first call, as unwrapped
+
+        def call(self, inputs: Any, *args: Any, training: Any = None, **kwargs: Any) -> Any:
+            if training is not None:  # passed on: the recomputation runs outside Keras's call context
+                kwargs["training"] = training
+            return _replay_call(tf, self.layer, (inputs, *args), kwargs)
+
+        def get_config(self) -> dict[str, Any]:
+            return {**super().get_config(), "policy": self.policy}
+
+    RematLayer.__module__ = __name__
+    RematLayer.__qualname__ = "RematLayer"
+    return keras.saving.register_keras_serializable(package="unimem")(RematLayer)
+
+
+def __getattr__(name: str) -> Any:
+    # RematLayer is importable by name (Keras deserialisation) and built on first use.
+    if name == "RematLayer":
+        globals()["RematLayer"] = cls = _layer_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _children(layer: Any) -> list[Any]:
+    """A Keras layer's direct sublayers."""
+    return list(layer._flatten_layers(include_self=False, recursive=False))
+
+
 class TensorFlowSavers(Savers):
     """TensorFlow's memory savers (``SaversTopic``): ``tf.recompute_grad``, Keras dropout replayed (``full`` only)."""
 
     def remat(self, fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
         """``fn`` recomputed in the backward pass, its Keras dropout masks replayed (``policy`` ``"full"``; the
-        others raise ``UnsupportedFeature`` with their row's note).
+        others raise ``UnsupportedFeature`` with their row's note). A Keras layer comes back as a Keras layer
+        (``RematLayer``).
 
         Positional arguments are the tensors gradients flow to; keyword arguments (``training=True``)
         are passed through unchanged.
         """
         if policy != "full":
             return super().remat(fn, policy)
+        keras = sys.modules.get("keras")
+        if keras is not None and isinstance(fn, keras.layers.Layer):
+            cls: Any = globals()["RematLayer"] if "RematLayer" in globals() else __getattr__("RematLayer")
+            layer: Callable[..., Any] = cls(fn.layer if isinstance(fn, cls) else fn, policy)
+            return layer
         import tensorflow as tf
 
-        @functools.wraps(fn)
         def recomputed(*args: Any, **kwargs: Any) -> Any:
             return _replay_call(tf, fn, args, kwargs)
 
-        return recomputed
+        return functools.update_wrapper(recomputed, fn, updated=())  # fn's name, not its attributes
+
+    def remat_model(self, model: Any, policy: str, matches: Callable[[Any], bool]) -> int:
+        """Every sublayer of ``model`` that ``matches``: its ``call`` replaced by a ``RecomputedCall``."""
+        keras = sys.modules.get("keras")
+        if keras is None or not isinstance(model, keras.layers.Layer):
+            raise ConfigError("model", f"expected a Keras layer or model, got {type(model).__name__}")
+        if policy != "full":
+            raise self._refusal(policy)
+        done: dict[int, Any] = {}
+
+        def visit(parent: Any) -> None:
+            for layer in _children(parent):
+                if id(layer) in done:
+                    continue
+                if matches(layer):
+                    if not isinstance(layer.__dict__.get("call"), RecomputedCall):
+                        layer.call = RecomputedCall(layer.call)
+                    done[id(layer)] = layer
+                else:
+                    visit(layer)
+
+        visit(model)
+        return len(done)

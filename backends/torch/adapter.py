@@ -159,13 +159,15 @@ class TorchBackend(Backend):
         "remat.full": Support(
             Level.NATIVE,
             "torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)",
-            note="keeps fn's inputs only; the RNG state is restored for the recomputation, so dropout replays",
+            note="keeps fn's inputs only; the RNG state is restored for the recomputation, so dropout replays; "
+            "a draw from a torch.Generator of fn's own is refused (recomputed, it would differ)",
         ),
         "remat.matmuls": Support(
             Level.NATIVE,
             "checkpoint(..., context_fn=create_selective_checkpoint_contexts(policy))",
-            note="saves the outputs of aten.mm, addmm, bmm, baddbmm and the scaled-dot-product attention "
-            "kernels; recomputes the rest (dropout replays)",
+            note="saves the outputs of aten.mm, addmm, bmm, baddbmm, the convolutions and the "
+            "scaled-dot-product attention kernels, except a kernel that draws dropout numbers: every draw from "
+            "the default generators is recomputed in order, so dropout replays",
         ),
         "remat.offload": Support(
             Level.NATIVE,
