@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import os
 import re
 import sys
 import textwrap
@@ -509,3 +510,28 @@ def test_a_stream_that_cannot_be_created_leaves_nothing_running(tmp_path: Path) 
         m.start()
     assert info.value.parameter == "path"
     assert _children() == before and not m.running
+
+
+def test_a_mark_too_long_for_a_stream_line_stays_in_memory_and_the_file_loads(tmp_path: Path) -> None:
+    path = tmp_path / "memory.jsonl"
+    with unimem.monitor(0.05, path=path) as m:
+        m.mark("x" * (1 << 20))
+        m.mark("short")
+    assert [len(mark.label) for mark in m.marks] == [1 << 20, 5]
+    assert [mark.label for mark in load_recording(path).marks] == ["short"]
+
+
+def test_a_stream_whose_writes_fail_keeps_what_it_wrote_and_says_why(tmp_path: Path) -> None:
+    from unimem.observe.stream import DEVICE, StreamWriter, encode
+
+    writer = StreamWriter(tmp_path / "memory.jsonl", {"backend": None})
+    writer.add(encode([DEVICE, 1.0, None, None, None, 1, None]), DEVICE)
+    writer.flush()
+    os.close(writer.fd)  # as when the disk fails under it
+    writer.fd = os.open(os.devnull, os.O_RDONLY)  # a descriptor no write succeeds on
+    writer.add(encode([DEVICE, 2.0, None, None, None, 1, None]), DEVICE)
+    writer.flush()
+    assert writer.error is not None and "memory.jsonl" in writer.error and "the file ends there" in writer.error
+    writer.finish({})  # no raise: the end record is not written after a failure
+    with pytest.warns(unimem.UnimemWarning, match="no end record"):
+        assert [s.time for s in load_recording(tmp_path / "memory.jsonl").samples] == [1.0]

@@ -121,11 +121,29 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def _release(proc: subprocess.Popen[bytes], to_sampler: int) -> None:
+class _Pipe:
+    """The write end of the sampler's stdin (non-blocking), and the lock every writer takes.
+
+    Shared with the finalizer that closes it when a monitor is never stopped: a daemon thread
+    still sending at exit then finds it closed, never a number the process reused.
+    """
+
+    def __init__(self, fd: int = -1) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        with self.lock:  # a line being written finishes first: the sampler never reads half of it
+            if self.fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(self.fd)
+            self.fd = -1
+
+
+def _release(proc: subprocess.Popen[bytes], pipe: _Pipe) -> None:
     """A monitor never stopped (its process exits, or it was dropped): close the sampler's input
     so it writes what it holds and ends; kill it only if it does not."""
-    with contextlib.suppress(OSError):
-        os.close(to_sampler)
+    pipe.close()
     try:
         proc.wait(timeout=_RELEASE_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -209,11 +227,10 @@ class Monitor(Recorder):
         self.backend: str | None = None
         self._lock = threading.Lock()
         self._conversation = threading.Lock()
-        self._send_lock = threading.Lock()
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._to_sampler = -1  # the write end of the sampler's stdin (non-blocking)
+        self._pipe = _Pipe()  # to the sampler
         self._from_sampler = -1  # the read end of its stdout
         self._inbox = bytearray()
         self._stream_error: str | None = None
@@ -336,7 +353,8 @@ class Monitor(Recorder):
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
         # Pipes made here, not by Popen: raw descriptors this process alone owns (no buffered file
         # object whose lock a fork could copy held), closed by a forked child at once.
-        stdin_read, self._to_sampler = os.pipe()
+        stdin_read, to_sampler = os.pipe()
+        self._pipe = _Pipe(to_sampler)
         self._from_sampler, stdout_write = os.pipe()
         try:
             proc = subprocess.Popen(
@@ -352,9 +370,9 @@ class Monitor(Recorder):
         finally:
             os.close(stdin_read)
             os.close(stdout_write)
-        os.set_blocking(self._to_sampler, False)  # a stuck sampler must not stall the training loop
+        os.set_blocking(to_sampler, False)  # a stuck sampler must not stall the training loop
         self._proc = proc
-        self._finalizer = weakref.finalize(self, _release, proc, self._to_sampler)
+        self._finalizer = weakref.finalize(self, _release, proc, self._pipe)
         try:
             ready = json.loads(self._read_line(_START_TIMEOUT))
         except (UnimemError, ValueError) as exc:
@@ -387,8 +405,8 @@ class Monitor(Recorder):
 
     def _send(self, line: bytes) -> bool:
         """One line down the sampler's pipe; False if it is gone, or so far behind that the line is dropped."""
-        with self._send_lock:
-            fd = self._to_sampler
+        with self._pipe.lock:
+            fd = self._pipe.fd
             if fd < 0:
                 return False
             view, deadline = memoryview(line), time.monotonic() + _SEND_TIMEOUT
@@ -468,7 +486,7 @@ class Monitor(Recorder):
             failure = exc
         self._stopped = time.time()
         if self.path is not None:
-            self._send(encode({"end": self._meta()}))
+            self._send(encode({"end": json.loads(json.dumps(self._meta(), default=str))}))
         self._take(self._ask("stop"))
         self._finish_process(kill=False)
         if self._prometheus is not None:
@@ -487,20 +505,17 @@ class Monitor(Recorder):
         return self.recording
 
     def _close_pipes(self) -> None:
-        for fd in (self._to_sampler, self._from_sampler):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._to_sampler = self._from_sampler = -1
+        self._pipe.close()
+        if self._from_sampler >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._from_sampler)
+        self._from_sampler = -1
 
     def _finish_process(self, kill: bool) -> None:
         proc = self._proc
         if proc is None:
             return
-        with self._send_lock:  # a record being sent finishes first: the sampler never reads half a line
-            with contextlib.suppress(OSError):
-                os.close(self._to_sampler)  # its end of input: the sampler writes what it holds and ends
-            self._to_sampler = -1
+        self._pipe.close()  # its end of input: the sampler writes what it holds and ends
         if kill:
             _kill(proc)
         else:
@@ -521,9 +536,9 @@ class Monitor(Recorder):
         becomes a stopped copy."""
         self._lock = threading.Lock()
         self._conversation = threading.Lock()
-        self._send_lock = threading.Lock()
         self._stop_event = threading.Event()
         self._stop_event.set()
+        self._pipe.lock = threading.Lock()
         self._close_pipes()
         if self._finalizer is not None:
             self._finalizer.detach()  # the sampler is the parent's to end

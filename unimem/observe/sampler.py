@@ -45,6 +45,7 @@ from typing import Any
 
 from unimem import device_view
 from unimem.errors import ConfigError
+from unimem.observe.files import MAX_LINE_BYTES
 from unimem.observe.recording import BoundedSeries, failed_readings_note
 from unimem.observe.stream import ARITY, DEVICE, FRAMEWORK, MARK, StreamWriter, encode
 
@@ -266,7 +267,7 @@ class _Sampler:
         if line.startswith(b"["):
             self._record(line)
         elif line.startswith(b"{"):
-            with contextlib.suppress(ValueError, AttributeError):
+            with contextlib.suppress(ValueError, TypeError, KeyError):
                 self.end_meta = dict(json.loads(line)["end"])
         elif (command := line.strip().decode(errors="replace")) == "stop":
             return "stop"
@@ -275,7 +276,7 @@ class _Sampler:
         return None
 
     def _record(self, line: bytes) -> None:
-        if self.stream is None:
+        if self.stream is None or len(line) >= MAX_LINE_BYTES:  # one the loader would refuse: memory only
             return
         try:
             value = json.loads(line)
