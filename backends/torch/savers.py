@@ -139,18 +139,6 @@ def _guarded_forward() -> tuple[Any, contextlib.AbstractContextManager[None]]:
     return _own_generator_guard(), contextlib.nullcontext()
 
 
-def _context_fn(policy: str) -> Callable[[], Any]:
-    """The ``context_fn`` of a checkpoint for ``"full"`` or ``"matmuls"`` (a selective checkpoint)."""
-    import torch
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts, noop_context_fn
-
-    if policy == "matmuls":
-        return functools.partial(create_selective_checkpoint_contexts, _keep_matmuls)
-    if torch.compiler.is_compiling():  # compiled, each recomputed random op replays its own saved RNG state
-        return noop_context_fn
-    return _guarded_forward
-
-
 def _offload_context() -> contextlib.AbstractContextManager[None]:
     """``save_on_cpu``, pinned where CUDA is available (pinned host memory copies asynchronously)."""
     import torch
@@ -162,13 +150,23 @@ def _offload_context() -> contextlib.AbstractContextManager[None]:
 
 
 def run(fn: Callable[..., Any], policy: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """One call of ``fn(*args, **kwargs)`` under ``policy``."""
+    """One call of ``fn(*args, **kwargs)`` under ``policy``.
+
+    Under ``torch.compile`` the ``context_fn`` must be made here, in the traced code: dynamo takes a
+    partial made in the trace, not one read from elsewhere.
+    """
     if policy == "offload":
         with _offload_context():
             return fn(*args, **kwargs)
-    from torch.utils.checkpoint import checkpoint
+    import torch
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
-    return checkpoint(fn, *args, use_reentrant=False, context_fn=_context_fn(policy), **kwargs)
+    if policy == "matmuls":
+        context = functools.partial(create_selective_checkpoint_contexts, _keep_matmuls)
+        return checkpoint(fn, *args, use_reentrant=False, context_fn=context, **kwargs)
+    if torch.compiler.is_compiling():  # compiled, each recomputed random op replays its own saved RNG state
+        return checkpoint(fn, *args, use_reentrant=False, **kwargs)
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=_guarded_forward, **kwargs)
 
 
 # --- the module a saved nn.Module becomes -------------------------------------------------------

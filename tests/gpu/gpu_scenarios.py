@@ -747,6 +747,154 @@ def jax_allocator(allocator: str | None, via_unimem: bool = True, size: int = Gi
         stats_into("stats", unimem.stats("jax"))
 
 
+# --- memory savers on real models: gradients against the plain model, device peaks ------------
+
+SAVERS_CAP = "4GiB"  # each model's plain step fits well inside it
+
+
+def _grad_equal(plain: list[Any], other: list[Any]) -> float:
+    """max over parameters of |g_other - g_plain|, over the plain gradients' global norm (float64 arrays)."""
+    import numpy as np
+
+    norm = float(np.sqrt(sum(float(np.sum(g**2)) for g in plain)))
+    return max(float(np.max(np.abs(a - b))) for a, b in zip(plain, other, strict=True)) / norm
+
+
+def _torch_saver_run(build: Callable[[], Any], loss_of: Callable[[Any], Any], match: str, policy: str) -> None:
+    """``build()``'s model plain (twice: the floor of run-to-run differences) and with ``policy`` on every
+    submodule named ``match``: gradients, and the device peak of one step above what was allocated before."""
+    import copy
+
+    import torch
+
+    import unimem
+
+    unimem.configure(backend="torch", limit=SAVERS_CAP)
+    plain = build().cuda().train()
+    saved = copy.deepcopy(plain)
+    R["wrapped"] = unimem.remat_model(saved, policy, match=match)
+
+    def step(model: Any) -> tuple[list[Any], int]:
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        torch.manual_seed(1234)  # the same dropout masks in every run
+        loss_of(model).backward()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        return [p.grad.detach().double().cpu().numpy() for p in model.parameters() if p.grad is not None], peak
+
+    first, R["plain_peak"] = step(plain)
+    again, _ = step(plain)
+    grads, R["saver_peak"] = step(saved)
+    R["grad_count"] = [len(first), len(grads)]
+    R["floor"] = _grad_equal(first, again)
+    R["grad_equal"] = _grad_equal(first, grads)
+    R["grad_norm"] = float(sum((g**2).sum() for g in first) ** 0.5)
+
+
+def savers_gpt2(policy: str, batch: int = 16, seq: int = 512) -> None:
+    """transformers' GPT-2 (a small config: 4 layers, width 256) in train mode, fp32, SDPA, dropout 0.1."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=seq, vocab_size=1000, attn_implementation="sdpa")
+
+    def build() -> Any:
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(config)
+        R["attention"] = str(model.config._attn_implementation)
+        R["dropout"] = [config.resid_pdrop, config.attn_pdrop, config.embd_pdrop]
+        return model
+
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1)).cuda()
+    # use_cache=False, as transformers' own gradient checkpointing sets it: a cache filled inside a
+    # recomputed block would be filled twice.
+    _torch_saver_run(build, lambda model: model(ids, labels=ids, use_cache=False).loss, "GPT2Block", policy)
+
+
+def savers_resnet(policy: str, batch: int = 32, size: int = 224) -> None:
+    """timm's resnet18 (no weights downloaded) in train mode, fp32, each BasicBlock saved."""
+    import timm
+    import torch
+
+    def build() -> Any:
+        torch.manual_seed(0)
+        return timm.create_model("resnet18", pretrained=False, num_classes=10, drop_rate=0.1)
+
+    images = torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(1)).cuda()
+    labels = torch.randint(0, 10, (batch,), generator=torch.Generator().manual_seed(2)).cuda()
+    _torch_saver_run(
+        build, lambda model: torch.nn.functional.cross_entropy(model(images), labels), "BasicBlock", policy
+    )
+
+
+def savers_flax(policy: str, batch: int = 256, width: int = 1024, depth: int = 6) -> None:
+    """A Flax linen model as Flax's docs write one (a Block class, nn.compact, nn.Dropout with its flag
+    an attribute), its Block class saved with unimem.remat; XLA's compiled peak of the plain and saved
+    training steps, and their gradients."""
+    import unimem
+
+    unimem.configure(backend="jax", limit=SAVERS_CAP)
+    import flax
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    R["flax"] = flax.__version__
+
+    class Block(nn.Module):
+        width: int
+        deterministic: bool = False
+
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            h = nn.Dense(4 * self.width)(nn.LayerNorm()(x))
+            h = nn.Dropout(rate=0.1, deterministic=self.deterministic)(nn.gelu(h))
+            return x + nn.Dense(self.width)(h)
+
+    def model_of(block: Any) -> Any:
+        class Model(nn.Module):
+            @nn.compact
+            def __call__(self, x: Any, train: bool) -> Any:
+                for _ in range(depth):
+                    x = block(width, deterministic=not train)(x)
+                return nn.Dense(10)(x)
+
+        return Model()
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (batch, width))
+    labels = jax.random.randint(jax.random.PRNGKey(1), (batch,), 0, 10)
+    plain, saved = model_of(Block), model_of(unimem.remat(Block, policy))
+    params = plain.init(jax.random.PRNGKey(2), x, train=False)
+    R["same_parameter_paths"] = jax.tree.structure(params) == jax.tree.structure(
+        saved.init(jax.random.PRNGKey(2), x, train=False)
+    )
+
+    def grad_step(model: Any) -> Any:
+        def loss(p: Any) -> Any:
+            logits = model.apply(p, x, train=True, rngs={"dropout": jax.random.PRNGKey(3)})
+            return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
+
+        return jax.jit(jax.grad(loss))
+
+    def float64(tree: Any) -> list[Any]:
+        return [np.asarray(leaf, dtype=np.float64) for leaf in jax.tree.leaves(jax.block_until_ready(tree))]
+
+    peaks, grads = {}, {}
+    for name, model in (("plain", plain), ("saver", saved)):
+        step = grad_step(model)
+        peaks[name] = int(step.lower(params).compile().memory_analysis().peak_memory_in_bytes)
+        grads[name] = float64(step(params))
+    R["plain_peak"], R["saver_peak"] = peaks["plain"], peaks["saver"]
+    R["grad_norm"] = float(np.sqrt(sum(float(np.sum(g**2)) for g in grads["plain"])))
+    R["grad_equal"] = _grad_equal(grads["plain"], grads["saver"])
+    R["floor"] = _grad_equal(grads["plain"], float64(grad_step(plain)(params)))
+
+
 SCENARIOS: dict[str, Callable[..., None]] = {
     f.__name__: f
     for f in (
@@ -769,6 +917,9 @@ SCENARIOS: dict[str, Callable[..., None]] = {
         devices,
         mixed,
         jax_allocator,
+        savers_gpt2,
+        savers_resnet,
+        savers_flax,
     )
 }
 
