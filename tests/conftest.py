@@ -237,7 +237,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Every framework in UNIMEM_TEST_BACKENDS must import (checked in a subprocess)."""
     _scrub_test_process_env()
     required = required_frameworks()
-    if not required:
+    # Checked once, by the process that starts the run: xdist's workers would repeat the imports.
+    if not required or hasattr(session.config, "workerinput"):
         return
     code = f"""
         import importlib, json, traceback
