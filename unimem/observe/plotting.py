@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+from itertools import compress, repeat
+from operator import attrgetter, eq, is_not, or_
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unimem.errors import BackendUnavailable, ConfigError
+from unimem.observe.thinning import spaced, thin_line
 
 if TYPE_CHECKING:
     from unimem.observe.recording import Recording
@@ -45,7 +50,9 @@ _FIGURE_LABELS = {
     "host_peak": "host peak per step",
 }
 _RANK_IN_NAME = re.compile(r"\.rank(\d+)$")
-_MARK_TEXTS = 12  # more marks than this over all ranks are drawn without their labels, to stay readable
+_MARK_FONT = 7  # points: a mark's label, upright beside its line
+_LABEL_ROOM = 1.4  # a label's column is this many times its text's height: neighbours stay readable
+_MOST_BYTES = 1 << 60  # no machine holds an exbibyte: a figure above it is a damaged recording
 
 
 @dataclass(frozen=True)
@@ -100,35 +107,43 @@ def plot_recording(
 ) -> None:
     """Write ``recording``'s PNG timeline to ``target`` (a path already checked); see ``Recording.plot``.
 
+    Lines are thinned to the image's width (``unimem.observe.thinning``): a million samples draw
+    as fast as a few thousand, every peak kept.
+
     Raises:
         BackendUnavailable: matplotlib is not installed.
+        ConfigError: A figure of the recording is beyond any machine's memory (a damaged file).
     """
     require_matplotlib("plot")  # one check for every plot, made before any part of matplotlib is imported
+    _recording_figure(recording, title, figsize, dpi).savefig(target, format="png", dpi=dpi)
+
+
+def _recording_figure(recording: Recording, title: str | None, figsize: tuple[float, float], dpi: int) -> Any:
+    """The matplotlib figure of one recording's timeline."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    start = recording.start_time or 0.0
+    start = _origin([recording])
+    columns = _columns(figsize, dpi)
+    streams = _Streams(recording.samples, columns)
+    limit = recording.meta.get("limit")
+    limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+    shown = list(_RECORDING_LINES)
+    if not streams.known("process_used") and not streams.known("allocated"):  # no GPU figures: the host's
+        shown.append(("host_rss", "host RSS (no GPU figures)", "-"))
+    biggest = max(streams.biggest([name for name, _, _ in shown]) or 0, _within_reason(limit or 0, "its cap"))
+    scale, unit = _unit(biggest)
     fig = Figure(figsize=figsize, dpi=dpi)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    samples = recording.samples
-    everything = [v for s in samples for v in (s.allocated, s.reserved, s.process_used, s.peak) if v]
-    everything += [v for s in samples for v in (s.device_used, s.host_rss) if v]
-    limit = recording.meta.get("limit")
-    if isinstance(limit, int):
-        everything.append(limit)
-    scale, unit = _unit(max(everything) if everything else 0)
-
-    drawn = sum(_draw_line(ax, recording, name, label, style, start, scale) for name, label, style in _RECORDING_LINES)
-    if drawn == 0 or all(s.process_used is None and s.allocated is None for s in samples):
-        drawn += _draw_line(ax, recording, "host_rss", "host RSS (no GPU figures)", "-", start, scale)
-    if isinstance(limit, int):
+    drawn = sum(_draw_line(ax, streams, name, label, style, start, scale, columns) for name, label, style in shown)
+    if limit is not None:
         ax.axhline(limit / scale, color="black", linestyle="-.", linewidth=1, label=f"cap {limit / scale:.2f} {unit}")
-    gaps = recording.gaps
+    gaps = [time - start for time, _ in recording.gaps]
     if gaps:
-        # One collection for every gap: a run with thousands of failed readings still plots fast.
+        # One collection, thinned to a line per pixel column: thousands of failed readings plot fast.
         ax.vlines(
-            [t - start for t, _ in gaps],
+            _one_per_column(gaps, columns),
             0,
             1,
             transform=ax.get_xaxis_transform(),
@@ -137,65 +152,198 @@ def plot_recording(
             linewidth=1,
             label=f"gaps ({len(gaps)} failed readings)",
         )
-    _draw_marks(ax, recording, start)
+    _draw_marks(ax, [(mark.time - start, mark.label, "grey") for mark in recording.marks], columns)
     ax.set_xlabel("seconds since start")
     ax.set_ylabel(unit)
     backend = recording.meta.get("backend") or "no framework"
     ax.set_title(title or f"unimem: {backend}, device {recording.meta.get('device', 0)}")
     ax.grid(True, alpha=0.3)
-    top = max(everything) / scale if everything else 1.0
+    top = biggest / scale
     ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)  # headroom: a flat line must not sit on the frame
-    if drawn or isinstance(limit, int):
+    if drawn or limit is not None:
         ax.legend(loc="lower right", fontsize=8)
     else:
         ax.text(0.5, 0.5, "no figures known", ha="center", va="center", transform=ax.transAxes)
-    fig.savefig(target, format="png", dpi=dpi)
+    return fig
 
 
-def _draw_line(ax: Any, recording: Recording, name: str, label: str, style: str, start: float, scale: int) -> int:
-    """One figure of ``recording`` as a line on ``ax``; 1 if drawn, 0 if the figure is never known."""
-    rows = recording.samples
-    # Each figure comes from one stream (the framework's counters, the NVML sampler, the step
-    # boundaries); the other streams' samples leave it None. Interleaved, those Nones would break
-    # the line at every point (the line would vanish), so only the streams that carry the figure
-    # are drawn, and only their failed readings break the line.
-    carriers = {s.source for s in rows if getattr(s, name) is not None}
-    points = [s for s in rows if s.source in carriers and (getattr(s, name) is not None or s.error)]
-    if not points:
+def _origin(recordings: Sequence[Recording]) -> float:
+    """Where the time axis starts: the earliest start of the recordings (0 when none is known)."""
+    starts = [start for recording in recordings if (start := recording.start_time) is not None]
+    starts = [start for start in starts if math.isfinite(start)]
+    return min(starts) if starts else 0.0
+
+
+def _columns(figsize: tuple[float, float], dpi: int) -> int:
+    """The image's width in pixels: the buckets a line is thinned to."""
+    return max(1, int(figsize[0] * dpi))
+
+
+class _Streams:
+    """A recording's samples split by stream (``Sample.source``), each figure's line read and
+    thinned to ``columns`` once.
+
+    Each figure comes from one stream (the framework's counters, the NVML sampler, the step
+    boundaries); the other streams' samples leave it None. Every pass over the samples here is a
+    ``map``, ``compress`` or list method, run in C: a million samples cost tenths of a second.
+    """
+
+    def __init__(self, samples: Sequence[Any], columns: int) -> None:
+        sources = list(map(attrgetter("source"), samples))
+        distinct = list(dict.fromkeys(sources))
+        self._rows: dict[Any, list[Any]] = (
+            {distinct[0]: list(samples)}
+            if len(distinct) == 1
+            else {source: list(compress(samples, map(eq, sources, repeat(source)))) for source in distinct}
+        )
+        self._columns = columns
+        self._lines: dict[str, tuple[list[float], list[Any], int]] = {}
+        self._fields: dict[tuple[Any, str], list[Any]] = {}
+
+    def _field(self, source: Any, name: str) -> list[Any]:
+        """Field ``name`` (``time``, ``error``: read for every line) of stream ``source``'s samples."""
+        if (source, name) not in self._fields:
+            self._fields[source, name] = list(map(attrgetter(name), self._rows[source]))
+        return self._fields[source, name]
+
+    def line(self, name: str) -> tuple[list[float], list[Any]]:
+        """Figure ``name``'s thinned ``(times, values)``, None at a failed reading; empty when never known.
+
+        Interleaved, the other streams' Nones would break the line at every point (the line
+        would vanish), so only the streams that carry the figure count, and only their failed
+        readings break the line.
+        """
+        if name not in self._lines:
+            times: list[float] = []
+            values: list[Any] = []
+            count = 0
+            for source, rows in self._rows.items():
+                stream = list(map(attrgetter(name), rows))
+                unknown = stream.count(None)
+                if unknown == len(stream):
+                    continue  # another stream's figure
+                count += len(stream) - unknown
+                if not unknown:
+                    times += self._field(source, "time")
+                    values += stream
+                    continue
+                failed = map(is_not, self._field(source, "error"), repeat(None))
+                kept = list(map(or_, map(is_not, stream, repeat(None)), failed))
+                times += compress(self._field(source, "time"), kept)
+                values += compress(stream, kept)
+            self._lines[name] = (*thin_line(times, values, self._columns), count)
+        times, values, _ = self._lines[name]
+        return times, values
+
+    def known(self, name: str) -> int:
+        """How many samples know figure ``name``."""
+        self.line(name)
+        return self._lines[name][2]
+
+    def biggest(self, names: Sequence[str]) -> int | None:
+        """The largest value of these figures (a thinned line keeps each bucket's highest); None
+        when none is ever known.
+
+        Raises:
+            ConfigError: A value is beyond any machine's memory (a damaged recording).
+        """
+        found = [max(filter(partial(is_not, None), self.line(name)[1]), default=None) for name in names]
+        known = [value for value in found if value is not None]
+        return _within_reason(max(known), "a figure") if known else None
+
+
+def _within_reason(count: Any, what: str) -> int:
+    """``count`` of bytes, refused when no machine could hold it (the recording is damaged)."""
+    if count > _MOST_BYTES:
+        raise ConfigError("recording", f"{what} is beyond any machine's memory (over 1 EiB): the recording is damaged")
+    return int(count)
+
+
+def _draw_line(
+    ax: Any,
+    recording: Recording | _Streams,
+    name: str,
+    label: str,
+    style: str,
+    start: float,
+    scale: int,
+    columns: int = 2000,
+) -> int:
+    """One figure of a recording as a line on ``ax``, thinned to ``columns``; 1 if drawn, 0 if never known."""
+    streams = recording if isinstance(recording, _Streams) else _Streams(recording.samples, columns)
+    times, values = streams.line(name)
+    if not times:
         return 0
     # A failed reading becomes NaN: matplotlib breaks the line there, which is what a gap is.
-    ys = [math.nan if getattr(s, name) is None else getattr(s, name) / scale for s in points]
-    xs = [s.time - start for s in points]
-    ax.plot(xs, ys, style, label=label, linewidth=1.2)
+    ax.plot(
+        [time - start for time in times],
+        [math.nan if value is None else value / scale for value in values],
+        style,
+        label=label,
+        linewidth=1.2,
+    )
     return 1
 
 
-def _draw_marks(ax: Any, recording: Recording, start: float) -> None:
-    """Marks as labelled vertical lines."""
-    times = [s.time - start for s in recording.samples] + [m.time - start for m in recording.marks]
-    span = (max(times) - min(times)) if times else 0.0
-    previous, level = None, 0
-    for mark in sorted(recording.marks, key=lambda m: m.time):
-        x = mark.time - start
-        # Marks close together get their labels stepped down so they stay readable.
-        level = (level + 1) % 3 if previous is not None and x - previous < 0.03 * span else 0
-        previous = x
-        ax.axvline(x, color="grey", linestyle=":", linewidth=1)
-        _mark_text(ax, x, mark.label, "dimgray", 1.0 - 0.3 * level)
+def _one_per_column(positions: list[float], columns: int) -> list[float]:
+    """The positions of vertical lines, one per pixel column: more would draw the same image."""
+    finite = [p for p in positions if math.isfinite(p)]
+    if len(finite) <= columns:
+        return finite
+    return [finite[i] for i in spaced(finite, (max(finite) - min(finite)) / columns)]
 
 
-def _mark_text(ax: Any, x: float, text: str, colour: Any, height: float = 1.0) -> None:
-    """A mark's label, upright beside its line at ``x``, ``height`` up the axes."""
+def _draw_marks(ax: Any, marks: list[tuple[float, str, Any]], columns: int) -> None:
+    """Marks ``(x, label, colour)``: the labels that fit side by side, each beside a dotted
+    vertical line; when some do not fit, every mark is a tick along the top and the legend says
+    how many are labelled (thousands of full-height lines would hide the figures)."""
+    if not marks:
+        return
+    ticks = _vertical_lines(ax, marks, range(len(marks)), columns, 0.97, linestyle="-", linewidth=0.8)
+    fig = ax.get_figure()
+    left, right = ax.get_xlim()  # after the ticks: the axis spans every mark
+    width = ax.get_position().width * fig.get_figwidth() * fig.dpi
+    room = _LABEL_ROOM * _MARK_FONT * fig.dpi / 72 * (right - left) / max(width, 1.0)
+    labelled = spaced([x for x, _, _ in marks], room)
+    _vertical_lines(ax, marks, labelled, columns, 0.0, linestyle=":", linewidth=1, alpha=0.8)
+    for index in labelled:
+        x, text, colour = marks[index]
+        _mark_text(ax, x, text, colour)
+    if len(labelled) == len(marks):
+        for collection in ticks:
+            collection.remove()
+    else:
+        ax.plot([], [], color="grey", linestyle="-", label=f"{len(marks)} marks ({len(labelled)} labelled)")
+
+
+def _vertical_lines(
+    ax: Any, marks: list[tuple[float, str, Any]], chosen: Sequence[int], columns: int, low: float, **style: Any
+) -> list[Any]:
+    """The chosen marks as vertical lines from ``low`` (a fraction of the axes' height) to the
+    top: one collection per colour, one line per pixel column."""
+    colours: dict[Any, list[float]] = {}
+    for index in chosen:
+        x, _, colour = marks[index]
+        colours.setdefault(colour, []).append(x)
+    return [
+        ax.vlines(_one_per_column(xs, columns), low, 1, transform=ax.get_xaxis_transform(), color=colour, **style)
+        for colour, xs in colours.items()
+    ]
+
+
+def _mark_text(ax: Any, x: float, text: str, colour: Any) -> None:
+    """A mark's label, upright beside its line at ``x``, from the top of the axes."""
     ax.annotate(
         text,
-        xy=(x, height),
+        xy=(x, 1.0),
         xycoords=("data", "axes fraction"),
         xytext=(2, -2),
         textcoords="offset points",
         rotation=90,
         va="top",
-        fontsize=7,
+        fontsize=_MARK_FONT,
         color=colour,
+        annotation_clip=True,
     )
 
 
@@ -271,36 +419,35 @@ def _ranks_figure(
     name = _choose_figure(loaded, figure)
     labelled, notes = _lines(loaded)
     order = sorted(range(len(loaded)), key=lambda i: (labelled[i][1] is None, labelled[i][1] or 0, i))
-    starts = [start for recording, _ in loaded if (start := recording.start_time) is not None]
-    origin = min(starts) if starts else 0.0  # every line on the same clock: seconds since the earliest start
-    values = [getattr(s, name) for r, _ in loaded for s in r.samples] if name else []
-    scale, unit = _unit(max([v for v in values if v is not None], default=0))
+    origin = _origin([recording for recording, _ in loaded])  # every line on the same clock
+    columns = _columns(figsize, dpi)
+    streams = [_Streams(recording.samples, columns) for recording, _ in loaded]
+    biggest = max((each.biggest([name]) or 0 for each in streams), default=0) if name else 0
+    scale, unit = _unit(biggest)
     fig = Figure(figsize=figsize, dpi=dpi)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     drawn: list[RankLine] = []
-    marks = sum(len(recording.marks) for recording, _ in loaded)
+    marks: list[tuple[float, str, Any]] = []
     for i in order:
         recording, file = loaded[i]
         label, rank = labelled[i]
-        count = sum(getattr(s, name) is not None for s in recording.samples) if name else 0
+        count = streams[i].known(name) if name else 0
         drawn.append(RankLine(label, rank, file, count))
         if not name or not count:
             if name:
                 notes.append(f"{label} has no {name} figures: no line")
             continue
-        _draw_line(ax, recording, name, label, "-", origin, scale)
+        _draw_line(ax, streams[i], name, label, "-", origin, scale, columns)
         colour = ax.lines[-1].get_color()
-        for mark in recording.marks:
-            ax.axvline(mark.time - origin, color=colour, linestyle=":", linewidth=0.8, alpha=0.7)
-            if marks <= _MARK_TEXTS:
-                _mark_text(ax, mark.time - origin, f"{label}: {mark.label}", colour)
+        marks += [(mark.time - origin, f"{label}: {mark.label}", colour) for mark in recording.marks]
+    _draw_marks(ax, marks, columns)
     ax.set_xlabel("seconds since the earliest start (wall clock)")
     ax.set_ylabel(f"{_FIGURE_LABELS.get(name, name) if name else 'memory'}, {unit}")
     what = "ranks" if all(line.rank is not None for line in drawn) else "recordings"
     ax.set_title(title or f"unimem: {len(loaded)} {what}, {_FIGURE_LABELS.get(name, name) if name else 'no figures'}")
     ax.grid(True, alpha=0.3)
-    top = max([v for v in values if v is not None], default=0) / scale
+    top = biggest / scale
     ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)  # from 0, as one recording's plot: heights compare by eye
     if any(not str(line.get_label()).startswith("_") for line in ax.lines):
         ax.legend(loc="lower right", fontsize=8)
