@@ -501,3 +501,46 @@ def test_remat_model_refuses_a_bad_policy_naming_policy():
     with pytest.raises(ConfigError) as info:
         unimem.remat_model(object(), "nope", match=object, backend="torch")
     assert info.value.parameter == "policy"
+
+
+# --- an action given a framework object takes that object's framework ------------------------
+
+
+def _fake(module: str) -> object:
+    """An object of a class from ``module``, as a framework's own would be (nothing imported)."""
+    return type("Thing", (), {"__module__": module, "method": lambda self: None})()
+
+
+@pytest.mark.parametrize(
+    ("module", "framework"),
+    [
+        ("torch.nn.modules.module", "torch"),
+        ("flax.linen.module", "jax"),
+        ("equinox._module", "jax"),
+        ("tensorflow.python.module.module", "tensorflow"),
+        ("mylib.models", None),
+    ],
+)
+def test_a_framework_object_is_known_by_its_classes_modules(module, framework):
+    thing = _fake(module)
+    assert unimem.registry.framework_of_object(thing) == framework
+    assert unimem.registry.framework_of_object(type(thing)) == framework  # a class (Flax's form)
+    assert unimem.registry.framework_of_object(thing.method) == framework  # a bound method: its object's
+    assert unimem.registry.framework_of_object(print) is None
+
+
+def test_a_torch_module_needs_no_backend_where_jax_is_imported_too():
+    need_framework("torch")
+    need_framework("jax")
+    run = run_json(
+        _COMMON
+        + r"""
+import jax, torch
+R["module"] = type(unimem.remat(torch.nn.Linear(2, 2))).__name__
+R["count"] = unimem.remat_model(torch.nn.Sequential(torch.nn.Linear(2, 2)), match=torch.nn.Linear)
+R["function"] = error_of(lambda: unimem.remat(lambda x: x))
+emit(R)
+"""
+    )
+    assert run["module"] == "RematModule" and run["count"] == 1
+    assert run["function"]["type"] == "ConfigError" and "backend=" in run["function"]["message"]
