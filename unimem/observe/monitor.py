@@ -475,6 +475,9 @@ class Monitor(Recorder):
         if self._stopped is not None:
             return self.recording
         self._stop_event.set()
+        if self._prometheus is not None:  # first: a scrape must not ask a sampler that is stopping
+            self._prometheus.close()
+            self._prometheus = None
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -489,9 +492,6 @@ class Monitor(Recorder):
             self._send(encode({"end": json.loads(json.dumps(self._meta(), default=str))}))
         self._take(self._ask("stop"))
         self._finish_process(kill=False)
-        if self._prometheus is not None:
-            self._prometheus.close()
-            self._prometheus = None
         if self._device_error_count:
             first = self._device_errors[0] if self._device_errors else "?"
             self._notes.append(failed_readings_note(self._device_error_count, first))
