@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from unimem.config import visible_entries
 from unimem.errors import ConfigError
 from unimem.support import Phase, When
 
@@ -25,6 +26,7 @@ __all__ = [
     "env_step",
     "merge_conf",
     "visible_devices_value",
+    "written_vars",
 ]
 
 STATUS_APPLIED = "applied"  # took effect now
@@ -71,6 +73,10 @@ class Step:
     when: When = When.ANYTIME
 
 
+# The value unimem last wrote into each variable: any other value there is the user's.
+_written: dict[str, str] = {}
+
+
 def env_step(
     backend: str,
     setting: str,
@@ -92,6 +98,9 @@ def env_step(
     target = f"{var}={new}" if new is not None else f"unset {var}"
     if current == new:
         return Step(backend, setting, value, "env", target, status=STATUS_UNCHANGED, note=note, when=when)
+    if current is not None and current != _written.get(var):
+        # A value unimem did not write is the user's: replacing it without a word would hide it.
+        note = "; ".join(part for part in (note, f"replaces {var}={current!r} from the environment") if part)
     if not phase.allows(when):
         if when is When.BEFORE_IMPORT:
             reason = f"{var} is read only at import, and {backend} is already imported; {fix}"
@@ -102,10 +111,23 @@ def env_step(
     def run() -> None:
         if new is None:
             os.environ.pop(var, None)
+            _written.pop(var, None)
         else:
             os.environ[var] = new
+            _written[var] = new
 
     return Step(backend, setting, value, "env", target, run=run, status=STATUS_PENDING, note=note, when=when)
+
+
+def written_vars(steps: list[Step]) -> set[str]:
+    """The environment variables ``steps`` set or unset (those that will run)."""
+    names: set[str] = set()
+    for step in steps:
+        if step.method != "env" or step.too_late or step.unsupported:
+            continue
+        target = step.target.removeprefix("unset ")
+        names.add(target.partition("=")[0])
+    return names
 
 
 _visible: dict[str, str | None] = {"original": None, "written": None}
@@ -131,12 +153,7 @@ def visible_devices_value(devices: tuple[int, ...]) -> str:
     base = _visible_base()
     if base is None:
         return ",".join(str(d) for d in devices)
-    entries: list[str] = []
-    for part in base.split(","):
-        part = part.strip()
-        if not (part.isdigit() or part.startswith(("GPU-", "MIG-"))):
-            break  # CUDA stops reading at the first invalid entry
-        entries.append(part)
+    entries = visible_entries(base)
     hidden = [d for d in devices if d >= len(entries)]
     if hidden:
         raise ConfigError(

@@ -295,6 +295,7 @@ def _unimem_state() -> dict[str, Any]:
         "instances": dict(registry._instances),
         "post_import": {key: list(value) for key, value in import_hooks._post_import.items()},
         "visible": dict(steps._visible),
+        "written": dict(steps._written),
         "meta_path": list(sys.meta_path),
         "nvml": (nvml_backend._pynvml, nvml_backend._init_error, dict(nvml_backend._handles), nvml_backend._use_v2),
         "pynvml_loaded": "pynvml" in sys.modules,
@@ -316,6 +317,8 @@ def _restore(state: dict[str, Any]) -> None:
     import_hooks._post_import.update(state["post_import"])
     steps._visible.clear()
     steps._visible.update(state["visible"])
+    steps._written.clear()
+    steps._written.update(state["written"])
     sys.meta_path[:] = state["meta_path"]
     nvml_backend._pynvml, nvml_backend._init_error, handles, nvml_backend._use_v2 = state["nvml"]
     nvml_backend._handles.clear()

@@ -203,10 +203,18 @@ def test_devices_count_among_the_devices_already_visible(backend):
 
 
 def test_devices_map_uuid_entries_and_stop_at_an_invalid_one():
-    os.environ["CUDA_VISIBLE_DEVICES"] = "GPU-aaaa,GPU-bbbb,junk,7"
+    os.environ["CUDA_VISIBLE_DEVICES"] = "GPU-aaaa,GPU-bbbb,junk"
     unimem.configure(backend="jax", devices=[1])
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-bbbb"
     refused("devices", backend="jax", devices=[2])
+
+
+@pytest.mark.parametrize("value", ["GPU-aaaa,junk,7", "0,-1,1", "0,,1", "1,0,1"])
+def test_a_cuda_visible_devices_cuda_would_misread_is_refused(value):
+    # CUDA stops reading at the first entry that is no index or UUID: the devices after it stay hidden.
+    os.environ["CUDA_VISIBLE_DEVICES"] = value
+    refused("CUDA_VISIBLE_DEVICES", backend="jax", devices=[0])
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == value
 
 
 def test_a_refused_call_does_not_move_the_devices_base(warm):

@@ -125,8 +125,12 @@ def test_unknown_gpu_count_assumes_one_gpu_per_local_rank():
 
 def test_visible_gpus_counts_cuda_visible_devices_entries():
     assert ranks.visible_gpus({"CUDA_VISIBLE_DEVICES": "3,5"}) == 2
-    assert ranks.visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb,-1,4"}) == 2  # CUDA stops at -1
+    assert ranks.visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb,-1"}) == 2  # CUDA stops at -1
     assert ranks.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    assert ranks.visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == 0
+    with pytest.raises(unimem.ConfigError) as info:  # 4 would stay hidden behind -1
+        ranks.visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb,-1,4"})
+    assert info.value.parameter == "CUDA_VISIBLE_DEVICES"
 
 
 # --- configure under a launcher (fresh processes) ------------------------------------------

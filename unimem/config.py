@@ -79,6 +79,34 @@ def _check_fraction(value: object, parameter: str) -> float:
     return number
 
 
+VISIBLE_VAR = "CUDA_VISIBLE_DEVICES"
+
+
+def visible_entries(raw: str) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES``'s entries as CUDA reads them: indices or UUIDs (``GPU-``, ``MIG-``), up to
+    the first other entry, where CUDA stops reading (``-1`` or an empty value hides every GPU).
+
+    Raises:
+        ConfigError: A device follows an entry CUDA stops at (``"0,x,1"`` shows one GPU, not two), or one
+            is listed twice: naming the variable.
+    """
+    parts = [part.strip() for part in raw.split(",")]
+    entries: list[str] = []
+    for index, part in enumerate(parts):
+        if not (re.fullmatch(r"[0-9]+", part) or part.startswith(("GPU-", "MIG-"))):
+            later = [p for p in parts[index + 1 :] if re.fullmatch(r"[0-9]+", p) or p.startswith(("GPU-", "MIG-"))]
+            if later:
+                raise ConfigError(
+                    VISIBLE_VAR,
+                    f"CUDA stops reading {raw!r} at {part!r}, so {', '.join(later)} stay hidden; fix or unset it",
+                )
+            break
+        if part in entries:
+            raise ConfigError(VISIBLE_VAR, f"{raw!r} lists {part} twice; list each device once")
+        entries.append(part)
+    return entries
+
+
 def _per_backend(value: object, parameter: str) -> dict[str, object] | None:
     """A ``{"torch": x, "jax": y}`` split, with names made canonical; ``None`` if scalar."""
     if not isinstance(value, Mapping):

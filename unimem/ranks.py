@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unimem import device_view, in_force, registry
-from unimem.config import Settings
+from unimem.config import Settings, visible_entries
 from unimem.errors import ConfigError, UnimemWarning
 from unimem.sizes import format_bytes
 
@@ -192,17 +192,6 @@ def rank_info(environ: Mapping[str, str] | None = None, *, runtime: bool = True)
     return RankInfo()
 
 
-def _entries(raw: str) -> list[str]:
-    """CUDA_VISIBLE_DEVICES entries up to the first invalid one (CUDA stops reading there)."""
-    entries: list[str] = []
-    for part in raw.split(","):
-        part = part.strip()
-        if not (part.isdigit() or part.startswith(("GPU-", "MIG-"))):
-            break
-        entries.append(part)
-    return entries
-
-
 def _visible_value(env: Mapping[str, str]) -> str | None:
     """CUDA_VISIBLE_DEVICES as the launcher set it (before unimem narrowed it per rank)."""
     current = env.get(_VISIBLE)
@@ -224,7 +213,7 @@ def visible_gpus(environ: Mapping[str, str] | None = None) -> int | None:
     env = os.environ if environ is None else environ
     raw = _visible_value(env)
     if raw is not None:
-        return len(_entries(raw))
+        return len(visible_entries(raw))
     view, _ = device_view.usable()
     return None if view is None else view.device_count()
 
@@ -544,7 +533,7 @@ def _own_nvml_index(view: Any, device: int) -> int | None:
     raw = _visible_value(os.environ)
     if raw is None:
         return device
-    entries = _entries(raw)
+    entries = visible_entries(raw)
     if device >= len(entries):
         return None
     entry = entries[device]

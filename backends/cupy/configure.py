@@ -16,6 +16,7 @@ cupy is never imported here: steps act on the module ``sys.modules`` holds, or a
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import types
@@ -23,7 +24,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unimem.backends.nvml import _gate as nvml_gate
-from unimem.backends.steps import STATUS_APPLIED, STATUS_PENDING, STATUS_UNCHANGED, Step, devices_step, env_step
+from unimem.backends.steps import (
+    STATUS_APPLIED,
+    STATUS_PENDING,
+    STATUS_UNCHANGED,
+    Step,
+    devices_step,
+    env_step,
+    written_vars,
+)
 
 from unimem.config import Settings
 from unimem.errors import ConfigError
@@ -32,7 +41,17 @@ from unimem.support import Phase, When
 
 from ._pools import ASYNC, POOL, RAW, driver_initialised
 
-__all__ = ["CAP_VAR", "FirstAllocation", "Pending", "State", "check", "make_allocator", "plan", "preallocate"]
+__all__ = [
+    "CAP_VAR",
+    "FirstAllocation",
+    "Pending",
+    "State",
+    "check",
+    "check_environment",
+    "make_allocator",
+    "plan",
+    "preallocate",
+]
 
 CAP_VAR = "CUPY_GPU_MEMORY_LIMIT"
 # Left free by a preallocation: cuBLAS/cuFFT workspaces and kernels loaded later take
@@ -179,7 +198,31 @@ def plan(settings: Settings, state: State, pending: Pending) -> list[Step]:
         steps.extend(_cap(settings, state))
     if settings.growth is not None:
         steps.append(_growth(settings.growth, settings.allocator, state, pending))
+    check_environment(written_vars(steps))
     return steps
+
+
+def check_environment(written: set[str]) -> None:
+    """Refuse ``CUPY_GPU_MEMORY_LIMIT``, when this plan leaves it as it is, where CuPy would refuse
+    it when it makes a device's pool (at that device's first allocation): ``"N%"`` with N in
+    [0, 100], or whole bytes. Changes nothing.
+
+    Raises:
+        ConfigError: Naming the variable.
+    """
+    raw = os.environ.get(CAP_VAR)
+    if CAP_VAR in written or raw is None:
+        return
+    text = raw.strip()
+    try:
+        good = 0.0 <= float(text[:-1]) <= 100.0 if text.endswith("%") else int(text) >= 0
+    except ValueError:
+        good = False
+    if not good:
+        raise ConfigError(
+            CAP_VAR,
+            f"CuPy refuses {raw!r} when it makes a device's pool; write a share such as '25%' or whole bytes",
+        )
 
 
 def _allocator(allocator: str, cancels_preallocation: bool, state: State, pending: Pending) -> Step:
@@ -244,9 +287,11 @@ def _cap(settings: Settings, state: State) -> list[Step]:
         if settings.limit is not None:
             # Checked against the device now when NVML can tell, so a bad limit fails here.
             _check_limit(settings.limit, nvml_gate.device_figures(0)[0])
-        env.note = "read by each device's pool when CuPy makes it, at its first allocation"
+        env.note = "; ".join(
+            n for n in ("read by each device's pool when CuPy makes it, at its first allocation", env.note) if n
+        )
         return [env]
-    env.note = "for pools CuPy makes later"
+    env.note = "; ".join(n for n in ("for pools CuPy makes later", env.note) if n)
     cupy = state.cupy
     assert cupy is not None
     sizes = {}

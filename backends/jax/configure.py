@@ -13,13 +13,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from unimem.backends.nvml import _gate as nvml_gate
-from unimem.backends.steps import STATUS_NO_DEVICE, Step, devices_step, env_step
+from unimem.backends.steps import STATUS_NO_DEVICE, Step, devices_step, env_step, written_vars
 
 from unimem.config import Settings
 from unimem.errors import ConfigError
 from unimem.support import Phase, When
 
-__all__ = ["ALLOCATOR", "FIX", "FRACTION_NEW", "FRACTION_OLD", "PREALLOCATE", "fraction_variable", "plan"]
+__all__ = [
+    "ALLOCATOR",
+    "FIX",
+    "FRACTION_NEW",
+    "FRACTION_OLD",
+    "PREALLOCATE",
+    "check_environment",
+    "fraction_variable",
+    "plan",
+]
 
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 ALLOCATOR = "XLA_PYTHON_CLIENT_ALLOCATOR"
@@ -93,7 +102,51 @@ def plan(settings: Settings, phase: Phase) -> list[Step]:
             )
         else:
             steps.append(env("allocator", settings.allocator, ALLOCATOR, _ALLOCATOR_VALUES[settings.allocator]))
+    if phase is not Phase.INITIALIZED:
+        check_environment(written_vars(steps))
     return steps
+
+
+# What jaxlib's generate_pjrt_gpu_plugin_options accepts when the backend starts.
+_JAXLIB_ALLOCATORS = ("default", "platform", "bfc", "cuda_async", "vmm")
+_PREALLOCATE_VALUES = ("true", "True", "1", "false", "False", "0")
+
+
+def check_environment(written: set[str]) -> None:
+    """Refuse a variable jaxlib reads at its start, and this plan leaves as it is, when jaxlib would
+    refuse it there (a ValueError at the first operation) or read it other than it says. Changes nothing.
+
+    Raises:
+        ConfigError: Naming the variable.
+    """
+    fix = "fix or unset it"
+    allocator = os.environ.get(ALLOCATOR)
+    if ALLOCATOR not in written and allocator is not None and allocator.lower() not in _JAXLIB_ALLOCATORS:
+        raise ConfigError(
+            ALLOCATOR, f"jaxlib accepts {', '.join(_JAXLIB_ALLOCATORS)} and refuses {allocator!r} at its start; {fix}"
+        )
+    preallocate = os.environ.get(PREALLOCATE)
+    if PREALLOCATE not in written and preallocate and preallocate not in _PREALLOCATE_VALUES:
+        raise ConfigError(
+            PREALLOCATE,
+            f"jaxlib reads {preallocate!r} as true (only false, False and 0 turn preallocation off); "
+            "write true or false",
+        )
+    fractions = [name for name in (FRACTION_NEW, FRACTION_OLD) if name not in written and os.environ.get(name)]
+    for name in fractions:
+        raw = os.environ[name]
+        try:
+            share = float(raw)
+        except ValueError:
+            raise ConfigError(
+                name, f"jaxlib cannot read {raw!r} as a number and refuses it at its start; {fix}"
+            ) from None
+        if not 0.0 < share <= 1.0:
+            raise ConfigError(name, f"{raw!r} is no share of device memory: write one in (0, 1], or unset it")
+    if len(fractions) == 2:
+        raise ConfigError(
+            FRACTION_OLD, f"jaxlib refuses {FRACTION_NEW} and {FRACTION_OLD} set together at its start; unset one"
+        )
 
 
 def _cap(settings: Settings, env: Callable[..., Step]) -> list[Step]:

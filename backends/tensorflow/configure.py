@@ -7,19 +7,28 @@ are fixed until the process exits.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from typing import Any
 
 from unimem.backends.nvml import _gate as nvml_gate
-from unimem.backends.steps import STATUS_NO_DEVICE, STATUS_PENDING, STATUS_UNCHANGED, Step, devices_step, env_step
+from unimem.backends.steps import (
+    STATUS_NO_DEVICE,
+    STATUS_PENDING,
+    STATUS_UNCHANGED,
+    Step,
+    devices_step,
+    env_step,
+    written_vars,
+)
 
 from unimem.config import Settings
 from unimem.errors import ConfigError, UnimemWarning
 from unimem.import_hooks import when_imported
 from unimem.support import Phase, When
 
-__all__ = ["ALLOCATOR_VAR", "FIX", "GROWTH_VAR", "check", "plan"]
+__all__ = ["ALLOCATOR_VAR", "FIX", "GROWTH_VAR", "check", "check_environment", "plan"]
 
 GROWTH_VAR = "TF_FORCE_GPU_ALLOW_GROWTH"
 ALLOCATOR_VAR = "TF_GPU_ALLOCATOR"
@@ -64,7 +73,37 @@ def plan(settings: Settings, phase: Phase, limits: dict[int, int]) -> list[Step]
         steps.append(_cap(settings, phase, limits))
     if settings.allocator is not None:
         steps.append(_allocator(settings.allocator, phase))
+    if phase is not Phase.INITIALIZED:
+        check_environment(written_vars(steps))
     return steps
+
+
+# TensorFlow compares these variables to exact words when its GPU devices start.
+_GROWTH_VALUES = ("true", "false")
+_ALLOCATOR_VALUES = ("cuda_malloc_async", "cuda_malloc", "memory_guard")
+
+
+def check_environment(written: set[str]) -> None:
+    """Refuse a variable TensorFlow reads when its GPUs start, and this plan leaves as it is, when
+    TensorFlow would not read it as written: it logs an error and ignores TF_FORCE_GPU_ALLOW_GROWTH
+    other than true or false, and takes any TF_GPU_ALLOCATOR it does not know for its default
+    allocator without a word. Changes nothing.
+
+    Raises:
+        ConfigError: Naming the variable.
+    """
+    growth = os.environ.get(GROWTH_VAR)
+    if GROWTH_VAR not in written and growth is not None and growth not in _GROWTH_VALUES:
+        raise ConfigError(
+            GROWTH_VAR, f"TensorFlow reads only true or false (lower case) and ignores {growth!r}; fix or unset it"
+        )
+    allocator = os.environ.get(ALLOCATOR_VAR)
+    if ALLOCATOR_VAR not in written and allocator and allocator not in _ALLOCATOR_VALUES:
+        raise ConfigError(
+            ALLOCATOR_VAR,
+            f"TensorFlow knows {', '.join(_ALLOCATOR_VALUES)} and takes {allocator!r} for its default allocator "
+            "without a word; fix or unset it",
+        )
 
 
 def _no_gpu(setting: str, value: object, target: str) -> Step:

@@ -9,6 +9,7 @@ itself (and fix the allocator settings) at configure time.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import types
@@ -24,6 +25,7 @@ from unimem.backends.steps import (
     devices_step,
     env_step,
     merge_conf,
+    written_vars,
 )
 
 from unimem.config import Settings
@@ -31,7 +33,17 @@ from unimem.errors import ConfigError
 from unimem.import_hooks import when_imported
 from unimem.support import Phase, When
 
-__all__ = ["UNCACHED_VAR", "AtCudaInit", "allowance_fraction", "conf_var", "cuda_available", "plan", "preallocate"]
+__all__ = [
+    "CONF_VARS",
+    "UNCACHED_VAR",
+    "AtCudaInit",
+    "allowance_fraction",
+    "check_environment",
+    "conf_var",
+    "cuda_available",
+    "plan",
+    "preallocate",
+]
 
 # Left free when preallocating without a cap: cuBLAS/cuDNN handles and kernels
 # loaded later take device memory outside the caching allocator.
@@ -146,7 +158,125 @@ def plan(settings: Settings, phase: Phase, version: str | None, at_init: AtCudaI
         steps.append(_cap(settings, phase, at_init))
     if settings.growth is not None:
         steps.append(_growth(settings.growth, phase, at_init))
+    if phase is not Phase.INITIALIZED:
+        check_environment(written_vars(steps))
     return steps
+
+
+CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+_CONF_BOOLS = (
+    "expandable_segments",
+    "pinned_use_background_threads",
+    "release_lock_on_cudamalloc",
+    "release_lock_on_hipmalloc",
+    "pinned_use_cuda_host_register",
+    "pinned_use_hip_host_register",
+    "graph_capture_record_stream_reuse",
+)
+_CONF_BACKENDS = ("native", "cudaMallocAsync", "hipMallocAsync")
+_MAX_REGISTER_THREADS = 128
+
+
+def _power_of_two(text: str) -> bool:
+    return text.isdigit() and int(text) > 0 and int(text) & (int(text) - 1) == 0
+
+
+def _conf_tokens(raw: str) -> list[str]:
+    """The conf split as torch's ConfigTokenizer splits it: words and the marks , : [ ], no whitespace."""
+    return [token for token in re.split(r"([,:\[\]])|\s+", raw) if token]
+
+
+def _conf_entries(raw: str) -> list[tuple[str, list[str]]]:
+    """``key:value`` and ``key:[a:b,...]`` entries, each value as its tokens; ValueError names what is wrong."""
+    tokens, entries, i = _conf_tokens(raw), [], 0
+    while i < len(tokens):
+        key = tokens[i]
+        if key in ",:[]" or tokens[i + 1 : i + 2] != [":"] or i + 2 >= len(tokens):
+            raise ValueError(f"expected key:value at {' '.join(tokens[i : i + 3])!r}")
+        i += 2
+        if tokens[i] == "[":
+            if "]" not in tokens[i:]:
+                raise ValueError(f"{key}'s list has no closing ']'")
+            end = tokens.index("]", i)
+            entries.append((key, tokens[i + 1 : end]))
+            i = end + 1
+        elif tokens[i] in ",:]":
+            raise ValueError(f"{key} has no value")
+        else:
+            entries.append((key, [tokens[i]]))
+            i += 1
+        if i < len(tokens):
+            if tokens[i] != ",":
+                raise ValueError(f"expected ',' after {key}'s value, got {tokens[i]!r}")
+            i += 1
+    return entries
+
+
+def _conf_value_problem(key: str, value: list[str]) -> str | None:
+    """What torch refuses (or misreads) in ``key``'s value; None for a good one, or a key unimem does not know
+    (torch names an unknown key itself when CUDA starts)."""
+    one = value[0] if len(value) == 1 else None
+    if key in ("max_split_size_mb", "max_non_split_rounding_mb"):
+        if one is None or not one.isdigit() or int(one) < 20:
+            return f"{key} takes a whole number of MiB of at least 20"
+    elif key == "garbage_collection_threshold":
+        try:
+            ok = one is not None and 0.0 < float(one) < 1.0
+        except ValueError:
+            ok = False
+        if not ok:
+            return f"{key} takes a number between 0 and 1"
+    elif key == "roundup_power2_divisions":
+        if one is not None and not _power_of_two(one):
+            return f"{key} takes a power of 2, or a list such as [256:4,>:1]"
+        pairs = "".join(value).split(",") if one is None else []
+        for pair in pairs:
+            size, _, divisions = pair.partition(":")
+            if not (size == ">" or _power_of_two(size)) or not (divisions == "0" or _power_of_two(divisions)):
+                return f"{key}'s list pairs a power of 2 (or >) with 0 or a power of 2, such as [256:4,>:1]"
+    elif key == "backend":
+        if one not in _CONF_BACKENDS:
+            return f"backend is one of {', '.join(_CONF_BACKENDS)}"
+    elif key in _CONF_BOOLS:
+        if one not in ("True", "False"):
+            return f"{key} takes True or False, capitalised"
+    elif key == "pinned_num_register_threads":
+        if one is None or not _power_of_two(one) or int(one) > _MAX_REGISTER_THREADS:
+            return f"{key} takes a power of 2 up to {_MAX_REGISTER_THREADS}"
+    elif key == "pinned_reserve_segment_size_mb" and (one is None or not one.isdigit() or int(one) == 0):
+        return f"{key} takes a whole number of MiB above 0"
+    return None
+
+
+def check_environment(written: set[str]) -> None:
+    """Refuse an allocator variable torch reads when CUDA starts that torch would refuse there (a
+    cryptic error at the first CUDA call) or read other than it says. A conf unimem merges its keys
+    into is checked too: the user's other keys stay in it. Changes nothing.
+
+    Raises:
+        ConfigError: Naming the variable.
+    """
+    for var in CONF_VARS:
+        raw = os.environ.get(var)
+        if raw is None:
+            continue
+        try:
+            entries = _conf_entries(raw)
+        except ValueError as exc:
+            raise ConfigError(
+                var, f"torch cannot read {raw!r}: {exc}; write key:value pairs, comma-separated"
+            ) from None
+        for key, value in entries:
+            problem = _conf_value_problem(key, value)
+            if problem is not None:
+                raise ConfigError(var, f"torch refuses {raw!r} when CUDA starts: {problem}")
+    uncached = os.environ.get(UNCACHED_VAR)
+    if UNCACHED_VAR not in written and uncached is not None and uncached != "1":
+        raise ConfigError(
+            UNCACHED_VAR,
+            f"torch versions read {uncached!r} differently (older ones turn caching off for any value, newer "
+            "ones only for 1): write 1, or unset it",
+        )
 
 
 def _allocator(allocator: str, phase: Phase, version: str | None) -> list[Step]:
