@@ -48,7 +48,8 @@ with unimem.monitor(float(sys.argv[2]), path=sys.argv[1], framework_interval=0.0
     while True:
         m.mark(f"step {step}")
         step += 1
-        sum(range(20_000))
+        sum(range(5_000))  # a step's work, then a short wait: many trials share the machine's cores
+        time.sleep(0.001)
 """
 
 # Saves one recording over and over to one file (JSON or CSV by its suffix).
@@ -195,7 +196,8 @@ def kill_during_recording(
     """Kill a training process (or its whole group) ``delay`` s into a streamed recording.
 
     Returns whether a file was left, how it loaded, how old its last sample was at the kill
-    (``staleness``, seconds) and how long the sampler outlived the kill.
+    (``staleness``, seconds; from the recording's start when it holds none yet) and how long
+    the sampler outlived the kill.
     """
     path = folder / f"kill-{os.getpid()}-{time.monotonic_ns()}.jsonl"
     proc, (sampler,) = _start(RECORDER, [str(path), repr(INTERVAL)], env)
@@ -213,15 +215,20 @@ def kill_during_recording(
         if result["load"] in ("ok", "cut"):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                samples = load_recording(path).samples
-            result["samples"] = len(samples)
-            result["staleness"] = killed - samples[-1].time if samples else None
+                recording = load_recording(path)
+            result["samples"] = len(recording.samples)
+            # Killed before the first write: the file covers the run up to its start.
+            last = recording.samples[-1].time if recording.samples else recording.meta.get("started")
+            result["staleness"] = None if last is None else killed - last
         path.unlink()
     return result
 
 
-def kill_during_save(folder: Path, suffix: str, delay: float, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """``kill -9`` a process ``delay`` s into saving one recording over and over to one file.
+def kill_during_save(
+    folder: Path, suffix: str, delay: float, env: dict[str, str] | None = None, *, in_write: bool = False
+) -> dict[str, Any]:
+    """``kill -9`` a process saving one recording over and over to one file, ``delay`` s in; with
+    ``in_write``, at the first moment after that when a save is writing its temporary file.
 
     Returns whether the file left is byte for byte the complete save (``intact``), how it loaded,
     and whether the kill landed mid-save (a temporary file was left beside it).
@@ -232,6 +239,9 @@ def kill_during_save(folder: Path, suffix: str, delay: float, env: dict[str, str
     proc, _ = _start(SAVER, [str(path)], env)
     whole = path.read_bytes()  # written before READY: the previous file every later save replaces
     time.sleep(delay)
+    deadline = time.monotonic() + 10
+    while in_write and time.monotonic() < deadline and not any(p.name.endswith(".tmp") for p in os.scandir(trial)):
+        pass  # the kill follows the temporary file's creation by a few microseconds
     proc.kill()
     _reap(proc)
     left = path.read_bytes() if path.exists() else b""

@@ -48,8 +48,8 @@ def test_a_kill_during_a_streamed_recording_leaves_a_file_that_loads_up_to_the_k
 @pytest.mark.parametrize("suffix", [".json", ".csv"])
 def test_a_kill_during_a_save_leaves_the_previous_file_whole(tmp_path: Path, suffix: str) -> None:
     rng = random.Random(suffix)
-    for _ in range(3):
-        seen = kill_during_save(tmp_path, suffix, rng.uniform(0.0, 0.6), subprocess_env())
+    for in_write in (False, True, True):  # at a random moment, then while the new file is being written
+        seen = kill_during_save(tmp_path, suffix, rng.uniform(0.0, 0.6), subprocess_env(), in_write=in_write)
         assert seen["intact"] and seen["load"] == "ok", seen
 
 
@@ -100,3 +100,31 @@ def test_without_a_pidfd_the_sampler_sees_its_parent_gone_within_a_second() -> N
     )
     assert result["check"] <= 1.0
     assert 0 <= result["noticed_after"] <= result["check"] + 0.5, result
+
+
+def test_a_hangup_the_training_process_ignores_leaves_the_stream_going(tmp_path: Path) -> None:
+    """Under ``nohup`` (SIGHUP ignored) a terminal's hangup must not end the sampler's file early."""
+    path = tmp_path / "memory.jsonl"
+    seen = run_json(
+        textwrap.dedent(
+            f"""
+            import os, signal, time, warnings
+            import unimem
+
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
+            with unimem.monitor(0.05, path={str(path)!r}) as m:
+                os.kill(m._proc.pid, signal.SIGHUP)
+                time.sleep(0.5)
+                m.mark("after the hangup")
+                alive = m._proc.poll() is None
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                recording = unimem.load_recording({str(path)!r})
+            emit({{"alive": alive, "marks": [mark.label for mark in recording.marks], "notes": recording.notes,
+                   "warnings": [str(w.message) for w in caught]}})
+            """
+        ),
+        timeout=60,
+    )
+    assert seen["alive"] and seen["marks"] == ["after the hangup"] and seen["warnings"] == [], seen
+    assert not any("signal" in note for note in seen["notes"]), seen

@@ -644,9 +644,9 @@ def _csv_header(first: str, source: Path) -> tuple[int | None, dict[str, Any]] |
         header = parse_json(first[len(CSV_HEADER) :], where)
         if not isinstance(header, dict):
             raise ConfigError("path", f"{where}: the header is {shown(header)}, expected an object")
-        rows = figure(header.get("rows"), "the row count", where)
-        if rows is None:
-            raise ConfigError("path", f"{where}: the header has no row count")
+        rows = header.get("rows")
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise ConfigError("path", f"{where}: the row count is {shown(rows)}, expected a whole number")
         return rows, dict(check_meta(header.get("meta", {}), where))
     if first.startswith(CSV_META_PREFIX):  # written before CSVs counted their rows
         return None, dict(check_meta(parse_json(first[len(CSV_META_PREFIX) :], where), where))

@@ -233,7 +233,7 @@ class _Sampler:
         os.set_blocking(wake_in, False)
         signal.set_wakeup_fd(wake_in, warn_on_full_buffer=False)
         for number in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-            if number is not None:
+            if number is not None and signal.getsignal(number) is not signal.SIG_IGN:  # nohup's ignore is kept
                 signal.signal(number, self._on_signal)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the training process's to handle
 
