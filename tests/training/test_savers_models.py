@@ -1,6 +1,9 @@
 """Memory savers on whole models: random draws a policy keeps, modules that stay modules, one call
 for a model, ``torch.compile``.
 
+The mechanism behind wrong gradients (a kept random op) is checked in the fast set; the other
+framework runs take seconds each and are marked slow.
+
 Each framework's checks run once in a fresh interpreter (the test process imports no framework).
 ``grad_equal`` is max over parameters of |g_saver - g_plain| over the plain gradients' global norm:
 0 on the CPU, where the saver runs the same kernels on the same masks.
@@ -403,6 +406,7 @@ def test_torch_matmuls_keeps_convolutions():
 # --- torch: modules stay modules, one call for a model --------------------------------------
 
 
+@pytest.mark.slow
 def test_torch_a_saved_module_is_a_module_with_its_own_state_dict_keys():
     run = _torch_modules()
     assert run["is_module"] and run["keys_unchanged"] and run["keys_after_model"]
@@ -413,12 +417,14 @@ def test_torch_a_saved_module_is_a_module_with_its_own_state_dict_keys():
     assert run["eval_reaches_the_block"]
 
 
+@pytest.mark.slow
 def test_torch_a_saved_module_survives_deepcopy_and_pickling():
     run = _torch_modules()
     assert run["deepcopy"] == ["RematModule", True]
     assert run["loaded_elsewhere"] == "RematModule True"  # torch.load in a fresh interpreter
 
 
+@pytest.mark.slow
 @pytest.mark.covers("torch:remat.full")
 def test_torch_remat_model_wraps_each_match_once_and_says_how_many():
     run = _torch_modules()
@@ -429,12 +435,14 @@ def test_torch_remat_model_wraps_each_match_once_and_says_how_many():
     assert run["predicate"] == 4  # the head and each block's fc
 
 
+@pytest.mark.slow
 def test_torch_remat_model_refuses_a_match_that_picks_nothing_or_is_no_match():
     run = _torch_modules()
     assert run["no_match"]["type"] == "ConfigError" and "match" in run["no_match"]["message"]
     assert run["bad_match"]["type"] == "ConfigError" and "predicate" in run["bad_match"]["message"]
 
 
+@pytest.mark.slow
 def test_torch_a_module_takes_its_framework_and_refuses_another():
     run = _torch_modules()
     assert run["other_backend"]["type"] == "ConfigError"
@@ -452,6 +460,7 @@ def test_torch_remat_model_under_torch_compile_keeps_the_gradients(policy):
 # --- TensorFlow and JAX ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.covers("tensorflow:remat.full")
 def test_tensorflow_remat_model_recomputes_each_keras_block_with_its_dropout():
     run = _run("tensorflow", "tensorflow", _TENSORFLOW)
@@ -461,6 +470,7 @@ def test_tensorflow_remat_model_recomputes_each_keras_block_with_its_dropout():
     assert run["matmuls"]["type"] == "UnsupportedFeature" and run["matmuls"]["feature"] == "remat.matmuls"
 
 
+@pytest.mark.slow
 def test_tensorflow_a_saved_layer_is_a_layer():
     run = _run("tensorflow", "tensorflow", _TENSORFLOW)
     assert run["is_layer"]
@@ -468,6 +478,7 @@ def test_tensorflow_a_saved_layer_is_a_layer():
     assert run["config_policy"] == "full"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "policy",
     [
@@ -482,6 +493,7 @@ def test_jax_dropout_with_explicit_keys_between_kept_dots_is_exact(policy):
     assert run["grad_equal"][policy] <= 1e-6
 
 
+@pytest.mark.slow
 def test_jax_has_no_model_to_change_in_place_and_says_what_to_save():
     error = _run("jax", "jax", _JAX)["in_place"]
     assert error["type"] == "UnsupportedFeature" and "nn.remat" in error["message"]
@@ -529,6 +541,7 @@ def test_a_framework_object_is_known_by_its_classes_modules(module, framework):
     assert unimem.registry.framework_of_object(print) is None
 
 
+@pytest.mark.slow
 def test_a_torch_module_needs_no_backend_where_jax_is_imported_too():
     need_framework("torch")
     need_framework("jax")
