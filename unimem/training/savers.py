@@ -1,4 +1,5 @@
-"""Memory savers: recompute activations in the backward pass, or keep them on the host.
+"""Memory savers: recompute activations in the backward pass, or keep them on the host; for a
+block (``remat``) or every matching block of a model in place (``remat_model``).
 
 Each framework's own mechanism does the work, through its adapter (its ``savers`` topic).
 Which mechanism per framework and policy, and why dropout replays: docs/guides/memory-savers.md.
@@ -20,7 +21,7 @@ T = TypeVar("T")
 # What each policy keeps from the forward pass for the backward pass.
 POLICIES: dict[str, str] = {
     "full": "fn's inputs only; every activation inside is recomputed",
-    "matmuls": "the outputs of matrix products (and fused attention); the rest is recomputed",
+    "matmuls": "the outputs of matrix products, convolutions (and fused attention); the rest is recomputed",
     "offload": "activations on the host, copied back for the backward pass",
 }
 
