@@ -15,18 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.cli_process import run_cli
 from tests.conftest import run_py, subprocess_env
 from unimem import registry
 
 
-def _unimem(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "unimem", *args], capture_output=True, text=True, env=subprocess_env(), timeout=300
-    )
-
-
 def test_info_json_lists_frameworks_with_versions_and_says_why_no_gpu() -> None:
-    proc = _unimem("info", "--json")
+    proc = run_cli("info", "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     by_name = {row["backend"]: row for row in data["frameworks"]}
@@ -38,16 +33,16 @@ def test_info_json_lists_frameworks_with_versions_and_says_why_no_gpu() -> None:
 
 
 def test_stats_without_nvml_reports_host_memory_not_invented_gpu_figures() -> None:
-    proc = _unimem("stats")
+    proc = run_cli("stats")
     assert proc.returncode == 0, proc.stderr
     assert "Host memory" in proc.stdout
-    data = json.loads(_unimem("stats", "--json").stdout)
+    data = json.loads(run_cli("stats", "--json").stdout)
     assert data["devices"] == [] and data["processes"] == []
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_stats_of_one_backend_in_a_fresh_process_is_none_not_zero(backend: str) -> None:
-    proc = _unimem("stats", "--backend", backend, "--json")
+    proc = run_cli("stats", "--backend", backend, "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["backend"] == backend
@@ -58,15 +53,15 @@ def test_stats_of_one_backend_in_a_fresh_process_is_none_not_zero(backend: str) 
 def test_matrix_check_fails_on_a_stale_file(tmp_path: Path) -> None:
     stale = tmp_path / "matrix.md"
     stale.write_text("# hand-edited\n")
-    proc = _unimem("matrix", "--check", "--output", str(stale))
+    proc = run_cli("matrix", "--check", "--output", str(stale))
     assert proc.returncode == 1
     assert "stale" in proc.stderr
-    assert _unimem("matrix", "--output", str(stale)).returncode == 0
-    assert _unimem("matrix", "--check", "--output", str(stale)).returncode == 0
+    assert run_cli("matrix", "--output", str(stale)).returncode == 0
+    assert run_cli("matrix", "--check", "--output", str(stale)).returncode == 0
 
 
 def test_compare_with_a_bad_workload_is_a_usage_error_before_any_run(tmp_path: Path) -> None:
-    proc = _unimem("compare", "--workload", "resnet", "--out", str(tmp_path / "out"))
+    proc = run_cli("compare", "--workload", "resnet", "--out", str(tmp_path / "out"))
     assert proc.returncode == 2
     assert "unknown workload 'resnet'" in proc.stderr
     assert not (tmp_path / "out").exists()
@@ -262,7 +257,7 @@ def _recording(tmp_path: Path) -> Path:
 def test_plot_refuses_a_bad_output_and_creates_nothing(tmp_path: Path, output: str, message: str) -> None:
     saved = _recording(tmp_path)
     before = sorted(tmp_path.rglob("*"))
-    proc = _unimem("plot", str(saved), "-o", str(tmp_path / output))
+    proc = run_cli("plot", str(saved), "-o", str(tmp_path / output))
     assert proc.returncode == 2
     assert "'--output'" in proc.stderr and message in proc.stderr, proc.stderr
     assert sorted(tmp_path.rglob("*")) == before  # no folder, no file
@@ -272,30 +267,30 @@ def test_plot_of_a_csv_recording_writes_the_png(tmp_path: Path) -> None:
     from unimem.observe.recording import load_recording
 
     csv = load_recording(_recording(tmp_path)).to_csv(tmp_path / "memory.csv")
-    proc = _unimem("plot", str(csv))
+    proc = run_cli("plot", str(csv))
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "memory.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_stats_of_a_framework_says_why_its_figures_are_na(backend: str) -> None:
-    proc = _unimem("stats", "--backend", backend)
+    proc = run_cli("stats", "--backend", backend)
     assert proc.returncode == 0, proc.stderr
     assert f"this is a fresh process: {backend} has not started here" in proc.stdout
     assert "`unimem stats` lists every process on every GPU" in proc.stdout
-    data = json.loads(_unimem("stats", "--backend", backend, "--json").stdout)
+    data = json.loads(run_cli("stats", "--backend", backend, "--json").stdout)
     assert data["allocated"] is None and "fresh process" in data["note"]
 
 
 def test_stats_with_an_unknown_backend_is_a_usage_error_naming_the_option() -> None:
-    proc = _unimem("stats", "--backend", "mxnet")
+    proc = run_cli("stats", "--backend", "mxnet")
     assert proc.returncode == 2
     assert "--backend" in proc.stderr and "unknown backend 'mxnet'" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_stats_pid_without_nvml_gives_the_host_memory_of_that_process() -> None:
-    data = json.loads(_unimem("stats", "--pid", str(os.getpid()), "--json").stdout)
+    data = json.loads(run_cli("stats", "--pid", str(os.getpid()), "--json").stdout)
     assert data["pid"] == os.getpid() and data["exists"] is True
     assert data["processes"] == [] and data["host_rss"] > 0
 
@@ -306,7 +301,7 @@ MISSING_PID = "99999999"
 
 @pytest.mark.parametrize("extra", [(), ("--json",)])
 def test_stats_pid_of_a_missing_process_exits_1_with_one_line_saying_so(extra: tuple[str, ...]) -> None:
-    proc = _unimem("stats", "--pid", MISSING_PID, *extra)
+    proc = run_cli("stats", "--pid", MISSING_PID, *extra)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()
@@ -322,13 +317,13 @@ def test_stats_pid_missing_everywhere_with_nvml_exits_1_and_one_nvml_lists_is_sh
 
 
 def test_stats_json_carries_the_host_figures_the_table_shows() -> None:
-    data = json.loads(_unimem("stats", "--json").stdout)
+    data = json.loads(run_cli("stats", "--json").stdout)
     host = data["host"]
     assert set(host) == {"total", "used", "available"}
     assert all(isinstance(host[key], int) and host[key] > 0 for key in host), host
     from unimem.sizes import format_bytes
 
-    table = _unimem("stats").stdout
+    table = run_cli("stats").stdout
     assert format_bytes(host["total"]) in table  # the same figure, read the same way
 
 
@@ -350,5 +345,5 @@ def test_stats_pid_lists_the_bytes_that_process_holds_on_each_gpu(tmp_path: Path
 
 
 def test_stats_pid_with_backend_is_refused() -> None:
-    proc = _unimem("stats", "--pid", "1", "--backend", "torch")
+    proc = run_cli("stats", "--pid", "1", "--backend", "torch")
     assert proc.returncode == 2 and "--pid" in proc.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.cli_process import run_cli
 from tests.conftest import subprocess_env
 from unimem.observe.recording import Mark, Recording, Sample
 
@@ -51,12 +52,6 @@ def _watch_with_fake_gpus(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         env=subprocess_env({"COLUMNS": "80"}),
         timeout=120,
-    )
-
-
-def _unimem(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "unimem", *args], capture_output=True, text=True, env=subprocess_env(), timeout=300
     )
 
 
@@ -115,7 +110,7 @@ def test_watch_unseen_threshold_is_an_option() -> None:
 
 
 def test_watch_device_option_without_nvml_says_why_no_gpu_is_shown() -> None:
-    proc = _unimem("watch", "--once", "--device", "0")
+    proc = run_cli("watch", "--once", "--device", "0")
     assert proc.returncode == 0, proc.stderr
     assert "NVML: " in proc.stdout and "No GPU figures here: showing host memory." in proc.stdout
 
@@ -163,7 +158,7 @@ def rank_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 def test_plot_of_two_ranks_writes_one_png_naming_both(rank_files: list[Path], tmp_path: Path) -> None:
     target = tmp_path / "all.png"
-    proc = _unimem("plot", *map(str, rank_files), "-o", str(target), "--json")
+    proc = run_cli("plot", *map(str, rank_files), "-o", str(target), "--json")
     assert proc.returncode == 0, proc.stderr
     done = json.loads(proc.stdout)
     assert [(line["label"], line["rank"], line["file"]) for line in done["lines"]] == [
@@ -173,18 +168,18 @@ def test_plot_of_two_ranks_writes_one_png_naming_both(rank_files: list[Path], tm
     assert done["figure"] == "host_rss" and all(line["samples"] > 5 for line in done["lines"])
     assert done["notes"] == []
     assert target.stat().st_size > 10_000 and target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    text = _unimem("plot", *map(str, rank_files), "-o", str(target))
+    text = run_cli("plot", *map(str, rank_files), "-o", str(target))
     assert text.returncode == 0 and "rank 0 (memory.rank0.json" in text.stdout and "rank 1 (" in text.stdout
 
 
 def test_plot_reads_a_quoted_pattern_in_rank_order_and_names_the_png_after_it(rank_files: list[Path]) -> None:
     folder = rank_files[0].parent
-    proc = _unimem("plot", str(folder / "memory.rank*.json"), "--json")
+    proc = run_cli("plot", str(folder / "memory.rank*.json"), "--json")
     assert proc.returncode == 0, proc.stderr
     done = json.loads(proc.stdout)
     assert done["output"] == str(folder / "memory.ranks.png") and (folder / "memory.ranks.png").is_file()
     assert [line["rank"] for line in done["lines"]] == [0, 1]
-    nothing = _unimem("plot", str(folder / "nothing.rank*.json"))
+    nothing = run_cli("plot", str(folder / "nothing.rank*.json"))
     assert nothing.returncode == 2 and "no file matches" in nothing.stderr
 
 
@@ -269,16 +264,16 @@ def test_plot_recordings_refuses_bad_arguments_and_writes_nothing(
 def test_plot_of_several_refuses_a_bad_output_and_creates_nothing(rank_files: list[Path], tmp_path: Path) -> None:
     before = sorted(tmp_path.rglob("*"))
     for output, message in (("missing/deeper/out.png", "does not exist"), ("out.json", "does not end in .png")):
-        proc = _unimem("plot", *map(str, rank_files), "-o", str(tmp_path / output))
+        proc = run_cli("plot", *map(str, rank_files), "-o", str(tmp_path / output))
         assert proc.returncode == 2 and "'--output'" in proc.stderr and message in proc.stderr, proc.stderr
     assert sorted(tmp_path.rglob("*")) == before
-    absent = _unimem("plot", str(rank_files[0]), str(tmp_path / "rank9.json"))
+    absent = run_cli("plot", str(rank_files[0]), str(tmp_path / "rank9.json"))
     assert absent.returncode == 2 and "does not exist" in absent.stderr
 
 
 def test_plot_of_one_recording_is_unchanged(rank_files: list[Path], tmp_path: Path) -> None:
     target = tmp_path / "one.png"
-    proc = _unimem("plot", str(rank_files[1]), "-o", str(target))
+    proc = run_cli("plot", str(rank_files[1]), "-o", str(target))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"wrote {target} (") and "samples" in proc.stdout and "1 marks" in proc.stdout
     assert target.stat().st_size > 10_000

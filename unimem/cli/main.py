@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from unimem import __version__, device_view, registry
-from unimem.cli.observe import fail, host_figures, option_error, output_console, plot, titled_table, watch
-from unimem.errors import BackendUnavailable, ConfigError, UnimemError
+from unimem.cli.exits import UnimemGroup, option_error
+from unimem.cli.observe import host_figures, output_console, plot, titled_table, watch
+from unimem.errors import BackendUnavailable, ConfigError
 from unimem.sizes import format_bytes
 
 if TYPE_CHECKING:
@@ -31,10 +32,13 @@ def _nvml_devices() -> tuple[list[dict[str, Any]], str]:
     return ([], status) if view is None else (view.devices(), "ok")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=UnimemGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="unimem")
 def main() -> None:
     """One GPU-memory API for PyTorch, TensorFlow, JAX and CuPy, with NVML as ground truth."""
+    from unimem.cli.run import one_line_warnings
+
+    one_line_warnings()  # unimem's warnings as "unimem: <message>", not Python's file-and-line format
 
 
 @main.command()
@@ -101,13 +105,11 @@ def _backend_stats(backend: str, device: int, as_json: bool) -> None:
     """One backend's MemoryStats read in this process, with why a framework's are n/a here."""
     import unimem
 
-    try:
+    try:  # NVML asked for by name on a machine without it is a failure (1), for the command's rule
         name = registry.canonical_name(backend)
         snapshot = unimem.stats(name, device)
     except ConfigError as exc:
         raise option_error(exc, "--device" if exc.parameter == "device" else "--backend") from None
-    except UnimemError as exc:  # e.g. NVML asked for by name on a machine without it
-        fail("stats", exc)
     # A framework's counters live in the process that runs it; this command starts none.
     note = None if name == registry.FRAMEWORK_FREE else FRESH_PROCESS_NOTE.format(name=name)
     if as_json:
@@ -348,8 +350,6 @@ def compare(
             )
         except ConfigError as exc:
             raise option_error(exc, _COMPARE_OPTIONS.get(exc.parameter, exc.parameter)) from None
-        except UnimemError as exc:
-            fail("compare", exc)
     written: list[Path] = []
     if out is not None:
         folder = Path(out)
@@ -491,14 +491,14 @@ def run(
 
     try:
         exec_command(command, settings, verbose=verbose)
-    except unimem.UnimemError as exc:
+    except unimem.UnimemError as exc:  # a bad setting or command: before anything started
         click.echo(f"unimem run: error: {exc}", err=True)
         sys.exit(2)
     except FileNotFoundError:
         click.echo(f"unimem run: command not found: {command[0]}", err=True)
         sys.exit(127)
-    except PermissionError:
-        click.echo(f"unimem run: permission denied: {command[0]}", err=True)
+    except OSError as exc:  # found, but not executable (no permission, not a program, ...)
+        click.echo(f"unimem run: cannot run {command[0]}: {exc.strerror or exc}", err=True)
         sys.exit(126)
 
 

@@ -5,34 +5,32 @@ Registered on the ``unimem`` command group by cli.py. Imports no framework.
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import math
-import os
 import re
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
 from unimem import device_view, registry
-from unimem.errors import ConfigError, UnimemError
+from unimem.cli.exits import option_error
+from unimem.errors import ConfigError
 from unimem.observe.plotting import RANK_FIGURES
 from unimem.sizes import format_bytes
 
 __all__ = [
     "UNSEEN_ABOVE",
     "collect_watch",
-    "fail",
     "host_figures",
-    "option_error",
     "output_console",
     "plot",
     "titled_table",
@@ -45,23 +43,20 @@ STATUS = registry.FRAMEWORK_FREE  # the key a snapshot gives the device view's s
 UNBOUNDED_WIDTH = 100_000
 
 
-def option_error(exc: ConfigError, option: str) -> click.BadParameter:
-    """``exc`` as click's error for ``option``: click names the option, so the message drops the parameter."""
-    return click.BadParameter(str(exc).removeprefix(f"{exc.parameter}: "), param_hint=option)
-
-
-def fail(command: str, exc: BaseException) -> NoReturn:
-    """``unimem COMMAND: <why>`` on stderr, exit status 1; the command is named once."""
-    text = str(exc).removeprefix(f"unimem {command}: ").removeprefix(f"{command}: ")
-    click.echo(f"unimem {command}: {text}", err=True)
-    sys.exit(1)
-
-
 def output_console() -> Any:
-    """A rich console on stdout: the terminal's width on a terminal, lines unbroken elsewhere."""
+    """A rich console on stdout: the terminal's width on a terminal, lines unbroken elsewhere.
+
+    When the reader of stdout goes away (``unimem watch | head``) it raises ``BrokenPipeError``,
+    which every command ends on with status 0, where rich's own console would exit with 1.
+    """
     from rich.console import Console
 
-    console = Console()
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "the reader of stdout has gone")
+
+    console = PipeConsole()
     if not console.is_terminal:
         console.width = UNBOUNDED_WIDTH
     return console
@@ -344,15 +339,6 @@ def _show_frames(frames: Iterator[dict[str, Any]], as_json: bool, console: Any) 
             live.update(_render(data), refresh=True)
 
 
-def _stdout_gone() -> None:
-    """The reader of stdout has gone (``unimem watch | head``): end quietly, status 0."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit would fail on the closed pipe
-    except (OSError, ValueError, AttributeError):  # no real file behind stdout (a test runner's buffer)
-        pass
-
-
 @click.command()
 @click.option("--interval", "-n", default=1.0, show_default=True, type=float, help="Seconds between refreshes.")
 @click.option("--once", is_flag=True, help="Print one snapshot and exit.")
@@ -422,19 +408,15 @@ def watch(
     if prometheus_port is not None:
         from unimem.observe.prometheus import serve
 
-        try:
+        try:  # prometheus-client missing is a failure (1), for the command's rule
             server = serve(lambda: _gauges(collect()), prometheus_port, bind)
-        except ConfigError as exc:  # a port out of range or taken, an empty address
+        except ConfigError as exc:  # a port out of range, taken or privileged; a host not of this machine
             raise option_error(exc, "'--bind'" if exc.parameter == "host" else "'--prometheus'") from None
-        except UnimemError as exc:  # prometheus-client not installed
-            fail("watch", exc)
-        click.echo(f"serving metrics at http://{server.host}:{server.port}/metrics", err=True)
+        click.echo(f"serving metrics at {server.url}", err=True)
     stop = StopSignals()
     try:
         with stop.installed():
             _show_frames(_frames(count, interval, stop, collect), as_json, output_console())
-    except BrokenPipeError:
-        _stdout_gone()
     finally:
         if server is not None:
             server.close()
@@ -507,16 +489,13 @@ def plot(
     files = _recording_files(recordings)
     target = output or _default_output(files)
     _check_output(target)
-    try:
-        require_matplotlib("plot")
-        if len(files) == 1 and figure is None:
-            _plot_one(files[0], target, title, (width / 100, height / 100), as_json)
-            return
-        from unimem.observe.recording import plot_recordings
+    require_matplotlib("plot")
+    if len(files) == 1 and figure is None:
+        _plot_one(files[0], target, title, (width / 100, height / 100), as_json)
+        return
+    from unimem.observe.recording import plot_recordings
 
-        done = plot_recordings(files, target, figure=figure, title=title, figsize=(width / 100, height / 100))
-    except UnimemError as exc:
-        fail("plot", exc)
+    done = plot_recordings(files, target, figure=figure, title=title, figsize=(width / 100, height / 100))
     lines = [
         {"label": line.label, "rank": line.rank, "file": line.file, "samples": line.samples} for line in done.lines
     ]

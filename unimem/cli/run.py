@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from unimem.applied import Applied
 from unimem.config import ENV_VARS, check_env
-from unimem.errors import UnimemWarning
+from unimem.errors import ConfigError, UnimemWarning
 
 __all__ = ["child_environment", "exec_command", "one_line_warnings"]
 
@@ -78,13 +78,35 @@ def one_line_warnings() -> None:
     warnings.showwarning = show
 
 
+def _named_by_option(exc: ConfigError, settings: Mapping[str, Any]) -> ConfigError:
+    """An error in a variable that one of the command's options set names the option (``fraction``),
+    as the user wrote it; one in a variable of the user's own environment keeps its name."""
+    for key, variable in ENV_VARS.items():
+        if exc.parameter == variable and settings.get(key) is not None:
+            return ConfigError(key, str(exc).removeprefix(f"{variable}: "))
+    return exc
+
+
 def exec_command(command: Sequence[str], settings: Mapping[str, Any], *, verbose: bool = False) -> None:
-    """Configure this process, then replace it with ``command``. Returns only on failure."""
+    """Configure this process, then replace it with ``command``. Returns only on failure.
+
+    Raises:
+        ConfigError: ``command`` is empty or its program is an empty name (checked before any
+            setting is applied), or a setting is invalid.
+        OSError: The program cannot be run (``FileNotFoundError``: not found).
+    """
     import unimem
 
+    if not command or not command[0]:
+        raise ConfigError(
+            "command", f"no program to run (got {list(command)!r}); name it after --, e.g. -- python train.py"
+        )
     one_line_warnings()
     # The command's startup hook reads its UNIMEM_* (the options and the user's own) and refuses bad ones.
-    check_env(child_environment(settings))
+    try:
+        check_env(child_environment(settings))
+    except ConfigError as exc:
+        raise _named_by_option(exc, settings) from None
     applied: Applied = unimem.configure(**{k: v for k, v in settings.items() if v is not None})
     if verbose:
         sys.stderr.write(f"unimem run: {' '.join(command)}\n{applied}\n")

@@ -121,8 +121,9 @@ def serve(collect: Callable[[], list[Gauge]], port: int = 9400, host: str = "127
     try:
         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (OSError, UnicodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError(
-            "host", f"cannot resolve {host!r} ({exc}); pass an address of this machine, e.g. 127.0.0.1"
+            "host", f"cannot resolve {host!r} ({why}); pass an address of this machine, e.g. 127.0.0.1"
         ) from None
     scrapes = _Scrapes()
 
