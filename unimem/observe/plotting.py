@@ -24,7 +24,18 @@ from unimem.observe.thinning import spaced, thin_line
 if TYPE_CHECKING:
     from unimem.observe.recording import Recording
 
-__all__ = ["PLOT_EXTRA", "RANK_FIGURES", "RankLine", "RanksPlot", "plot_ranks", "plot_recording", "require_matplotlib"]
+__all__ = [
+    "FIGURE_LABELS",
+    "PLOT_EXTRA",
+    "RANK_FIGURES",
+    "RankLine",
+    "RanksPlot",
+    "Streams",
+    "plot_ranks",
+    "plot_recording",
+    "rank_labels",
+    "require_matplotlib",
+]
 
 PLOT_EXTRA = "pip install 'unimem[plot]'"
 
@@ -40,7 +51,7 @@ def require_matplotlib(what: str = "plot") -> None:
 # The figure drawn per rank when none is asked for: the first every recording knows, in this
 # order (what the GPU holds for the process, then the framework's view, then the host's).
 RANK_FIGURES = ("process_used", "allocated", "reserved", "device_used", "host_rss")
-_FIGURE_LABELS = {
+FIGURE_LABELS = {
     "process_used": "process memory (NVML)",
     "allocated": "allocated (framework)",
     "reserved": "reserved (framework pool)",
@@ -125,7 +136,7 @@ def _recording_figure(recording: Recording, title: str | None, figsize: tuple[fl
 
     start = _origin([recording])
     columns = _columns(figsize, dpi)
-    streams = _Streams(recording.samples, columns)
+    streams = Streams(recording.samples, columns)
     limit = recording.meta.get("limit")
     limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
     shown = list(_RECORDING_LINES)
@@ -179,7 +190,7 @@ def _columns(figsize: tuple[float, float], dpi: int) -> int:
     return max(1, int(figsize[0] * dpi))
 
 
-class _Streams:
+class Streams:
     """A recording's samples split by stream (``Sample.source``), each figure's line read and
     thinned to ``columns`` once.
 
@@ -261,7 +272,7 @@ def _within_reason(count: Any, what: str) -> int:
 
 def _draw_line(
     ax: Any,
-    recording: Recording | _Streams,
+    recording: Recording | Streams,
     name: str,
     label: str,
     style: str,
@@ -270,7 +281,7 @@ def _draw_line(
     columns: int = 2000,
 ) -> int:
     """One figure of a recording as a line on ``ax``, thinned to ``columns``; 1 if drawn, 0 if never known."""
-    streams = recording if isinstance(recording, _Streams) else _Streams(recording.samples, columns)
+    streams = recording if isinstance(recording, Streams) else Streams(recording.samples, columns)
     times, values = streams.line(name)
     if not times:
         return 0
@@ -369,7 +380,7 @@ def _rank_of(recording: Recording, file: str | None) -> tuple[int | None, str | 
     return None, f"{file or 'a recording'}: no rank in its metadata or its name; labelled by its name"
 
 
-def _lines(loaded: list[tuple[Recording, str | None]]) -> tuple[list[tuple[str, int | None]], list[str]]:
+def rank_labels(loaded: list[tuple[Recording, str | None]]) -> tuple[list[tuple[str, int | None]], list[str]]:
     """A legend label and rank per recording (same order), and the notes on what did not match."""
     notes: list[str] = []
     found = []
@@ -391,8 +402,8 @@ def _lines(loaded: list[tuple[Recording, str | None]]) -> tuple[list[tuple[str, 
 
 def _choose_figure(loaded: list[tuple[Recording, str | None]], figure: str | None) -> str | None:
     if figure is not None:
-        if figure not in _FIGURE_LABELS:
-            raise ConfigError("figure", f"unknown figure {figure!r}; pick one of {', '.join(_FIGURE_LABELS)}")
+        if figure not in FIGURE_LABELS:
+            raise ConfigError("figure", f"unknown figure {figure!r}; pick one of {', '.join(FIGURE_LABELS)}")
         return figure
 
     def known(recording: Recording, name: str) -> bool:
@@ -417,11 +428,11 @@ def _ranks_figure(
     from matplotlib.figure import Figure
 
     name = _choose_figure(loaded, figure)
-    labelled, notes = _lines(loaded)
+    labelled, notes = rank_labels(loaded)
     order = sorted(range(len(loaded)), key=lambda i: (labelled[i][1] is None, labelled[i][1] or 0, i))
     origin = _origin([recording for recording, _ in loaded])  # every line on the same clock
     columns = _columns(figsize, dpi)
-    streams = [_Streams(recording.samples, columns) for recording, _ in loaded]
+    streams = [Streams(recording.samples, columns) for recording, _ in loaded]
     biggest = max((each.biggest([name]) or 0 for each in streams), default=0) if name else 0
     scale, unit = _unit(biggest)
     fig = Figure(figsize=figsize, dpi=dpi)
@@ -443,9 +454,9 @@ def _ranks_figure(
         marks += [(mark.time - origin, f"{label}: {mark.label}", colour) for mark in recording.marks]
     _draw_marks(ax, marks, columns)
     ax.set_xlabel("seconds since the earliest start (wall clock)")
-    ax.set_ylabel(f"{_FIGURE_LABELS.get(name, name) if name else 'memory'}, {unit}")
+    ax.set_ylabel(f"{FIGURE_LABELS.get(name, name) if name else 'memory'}, {unit}")
     what = "ranks" if all(line.rank is not None for line in drawn) else "recordings"
-    ax.set_title(title or f"unimem: {len(loaded)} {what}, {_FIGURE_LABELS.get(name, name) if name else 'no figures'}")
+    ax.set_title(title or f"unimem: {len(loaded)} {what}, {FIGURE_LABELS.get(name, name) if name else 'no figures'}")
     ax.grid(True, alpha=0.3)
     top = biggest / scale
     ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)  # from 0, as one recording's plot: heights compare by eye
