@@ -16,6 +16,7 @@ import click
 from unimem import __version__, device_view, registry
 from unimem.cli.exits import UnimemGroup, option_error
 from unimem.cli.observe import host_figures, output_console, plot, titled_table, watch
+from unimem.cli.view import view
 from unimem.errors import BackendUnavailable, ConfigError
 from unimem.sizes import format_bytes
 
@@ -504,6 +505,7 @@ def run(
 
 main.add_command(watch)  # the observability commands live in cli_observe.py
 main.add_command(plot)
+main.add_command(view)
 
 if __name__ == "__main__":
     main()

@@ -30,9 +30,11 @@ from unimem.sizes import format_bytes
 __all__ = [
     "UNSEEN_ABOVE",
     "collect_watch",
+    "default_output",
     "host_figures",
     "output_console",
     "plot",
+    "recording_files",
     "titled_table",
     "watch",
 ]
@@ -486,8 +488,8 @@ def plot(
 
     if width < 100 or height < 100:
         raise click.BadParameter("width and height must be at least 100 pixels")
-    files = _recording_files(recordings)
-    target = output or _default_output(files)
+    files = recording_files(recordings)
+    target = output or default_output(files)
     _check_output(target)
     require_matplotlib("plot")
     if len(files) == 1 and figure is None:
@@ -530,8 +532,8 @@ def _rank_order(path: Path) -> tuple[float, str]:
     return (int(found.group(1)) if found else math.inf, path.name)
 
 
-def _recording_files(arguments: tuple[str, ...]) -> list[Path]:
-    """Each argument a file, or a pattern (``'memory.rank*.json'``) read here, in rank order."""
+def recording_files(arguments: tuple[str, ...]) -> list[Path]:
+    """Each argument a file, or a pattern (``'memory.rank*.json'``) read here, in rank order (``plot``, ``view``)."""
     files: list[Path] = []
     for argument in arguments:
         path = Path(argument)
@@ -555,13 +557,13 @@ def _recording_files(arguments: tuple[str, ...]) -> list[Path]:
     return list(dict.fromkeys(files))  # a file named twice (a pattern and its name) is drawn once
 
 
-def _default_output(files: list[Path]) -> Path:
-    """One recording: its name with .png. Several: the first's name without .rankN, with .ranks.png."""
+def default_output(files: list[Path], suffix: str = ".png") -> Path:
+    """One recording: its name with ``suffix``. Several: the first's name without .rankN, with .ranks and ``suffix``."""
     first = files[0]
     if len(files) == 1:
-        return first.with_suffix(".png")
+        return first.with_suffix(suffix)
     stem = re.sub(r"\.rank\d+$", "", first.stem)
-    return first.with_name(f"{stem}.ranks.png")
+    return first.with_name(f"{stem}.ranks{suffix}")
 
 
 def _check_output(target: Path) -> None:
