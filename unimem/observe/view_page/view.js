@@ -37,6 +37,7 @@
     lanes: [],
     drawn: [],
     charts: [],
+    styles: STYLE,
     thinLine,
     spaced,
     formatBytes,
