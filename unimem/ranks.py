@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from unimem import device_view, in_force, registry
 from unimem.config import Settings, visible_entries
-from unimem.errors import ConfigError, UnimemWarning
+from unimem.errors import ClusterError, ConfigError, UnimemWarning
 from unimem.sizes import format_bytes
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ __all__ = [
     "pin_steps",
     "rank_info",
     "rank_path",
+    "runtime_missing",
     "stray_memory",
     "visible_gpus",
 ]
@@ -305,6 +306,23 @@ def local_device(environ: Mapping[str, str] | None = None) -> int:
         return 0
     pin = pin_for(rank_info(env, runtime=False), visible_gpus(env))
     return 0 if pin is None else pin.device
+
+
+def runtime_missing(what: str, info: RankInfo | None = None) -> ClusterError | None:
+    """The error for a call that works over ranks (``what``) where the environment says there are
+    several ranks but no distributed runtime is initialised in this process; None where that is not so.
+
+    Every such call says it alike: working alone there would give this rank its own answer while the
+    others agree on another (find_batch_size), or a view of one rank (cluster_stats).
+    """
+    info = rank_info(runtime=False) if info is None else info
+    if (info.world_size or 1) <= 1:
+        return None
+    return ClusterError(
+        f"{what}: the environment says this is rank {info.rank} of {info.world_size} ({info.launcher}), but no "
+        "distributed runtime is initialised in this process to gather through: call "
+        "torch.distributed.init_process_group or jax.distributed.initialize first"
+    )
 
 
 def _per_rank(devices: object) -> bool:

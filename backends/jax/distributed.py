@@ -43,7 +43,8 @@ class CoordinatorStore:
         self.client = client
 
     def set(self, key: str, value: str) -> None:
-        self.client.key_value_set(key, value)
+        # Replacing: the cluster view keeps two keys per rank, each rewritten every other call.
+        self.client.key_value_set(key, value, allow_overwrite=True)
 
     def get(self, key: str, timeout: float) -> str | None:
         errors = sys.modules["jax"].errors.JaxRuntimeError  # DEADLINE_EXCEEDED, or the coordinator has gone

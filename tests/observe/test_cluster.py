@@ -9,6 +9,7 @@ right rank, node and local rank. A rank asking alone must come back within its t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -118,7 +119,8 @@ rank = int(os.environ["RANK_UNDER_TEST"])
 jax.distributed.initialize(coordinator_address="127.0.0.1:" + os.environ["PORT"], num_processes=2, process_id=rank)
 me = unimem.rank_info()
 known = unimem.MemoryStats("jax", 0, allocated=(rank + 1) * 3000)
-view = unimem.cluster_stats(snapshot=known, timeout=60)
+for _ in range(3):  # the third call replaces the first's key
+    view = unimem.cluster_stats(snapshot=known, timeout=60)
 out = {"rank": rank, "info": [me.rank, me.world_size, me.launcher], "view": view.as_dict()}
 if rank == 0:
     started = time.monotonic()
@@ -267,8 +269,144 @@ def test_spread_over_ranks_ignores_unknown_figures_and_missing_ranks():
     assert equal.outlier is None
 
 
+def test_a_stale_rank_is_shown_with_its_age_and_left_out_of_the_spread():
+    stale = dataclasses.replace(_answer(1, allocated=99), stale=True, age=12.5)
+    view = ClusterStats(2, {0: _answer(0, allocated=10), 1: stale}, "torch runtime")
+    assert view.missing == (1,) and view.stale == {1: 12.5}
+    assert view.max["allocated"] == 10 and view.outlier is None
+    row = next(line for line in str(view).splitlines() if line.startswith("1 "))
+    assert "stale, 12.5 s old" in row and "99 B" in row
+    assert view.as_dict()["per_rank"]["1"]["age"] == 12.5 and view.as_dict()["stale"] == {"1": 12.5}
+
+
 def test_the_cluster_error_is_one_of_unimems_errors() -> None:
     from unimem import errors
 
     assert unimem.ClusterError is errors.ClusterError is ClusterError
     assert issubclass(ClusterError, unimem.UnimemError) and issubclass(ClusterError, RuntimeError)
+
+
+# --- the store's bookkeeping: keys, stale ranks, a store that goes ------------------------------
+
+_BOOKKEEPING = """
+import multiprocessing, os, signal, time, warnings
+import torch.distributed as dist
+import unimem
+
+
+def start(rank, port):
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank), "WORLD_SIZE": "2",
+                       "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"})
+    dist.init_process_group("gloo")
+    return dist.distributed_c10d._get_default_store(), unimem.MemoryStats("torch", 0, allocated=(rank + 1) * 1000)
+
+
+def killed(queue, out):
+    queue.put(out)
+    queue.close()
+    queue.join_thread()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def later_call(timeout):
+    began = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            view = unimem.cluster_stats(snapshot=KNOWN[0], timeout=timeout)
+            out = {"view": view.as_dict(), "table": str(view)}
+        except unimem.ClusterError as exc:
+            out = {"error": str(exc)}
+    out.update(seconds=time.monotonic() - began, warnings=[str(w.message) for w in caught])
+    return out
+
+
+KNOWN = []
+
+
+def keys_then_stale(rank, port, calls, queue):
+    store, known = start(rank, port)
+    KNOWN.append(known)
+    before = store.num_keys()
+    counts = []
+    for call in range(calls):
+        view = unimem.cluster_stats(snapshot=known, timeout=60)
+        assert view.missing == () and not view.stale, str(view)
+        if call in (0, calls - 1):
+            counts.append(store.num_keys() - before)
+    out = {"rank": rank, "counts": counts}
+    if rank == 1:
+        killed(queue, out)  # published its last figures, then killed
+    time.sleep(1.0)
+    out["later"] = later_call(2)
+    queue.put(out)
+
+
+def store_goes(rank, port, calls, queue):
+    store, known = start(rank, port)
+    KNOWN.append(known)
+    unimem.cluster_stats(snapshot=known, timeout=60)
+    if rank == 0:
+        killed(queue, {"rank": 0})  # the process hosting the store
+    time.sleep(1.0)
+    queue.put({"rank": 1, "later": later_call(20)})
+
+
+context = multiprocessing.get_context("fork")
+queue = context.Queue()
+ranks = [context.Process(target=__TARGET__, args=(rank, __PORT__, __CALLS__, queue)) for rank in range(2)]
+for process in ranks:
+    process.start()
+results, deadline = [], time.monotonic() + 120
+while len(results) < 2 and time.monotonic() < deadline:
+    try:
+        results.append(queue.get(timeout=1))
+    except Exception:  # queue.Empty: stop once every rank has ended
+        if all(p.exitcode is not None for p in ranks):
+            break
+for process in ranks:
+    process.join(5)
+    if process.is_alive():
+        process.kill()
+emit(sorted(results, key=lambda r: r["rank"]))
+"""
+
+
+def _bookkeeping(target: str, calls: int) -> dict[int, dict]:
+    code = _BOOKKEEPING.replace("__TARGET__", target).replace("__PORT__", repr(str(free_port())))
+    code = code.replace("__CALLS__", str(calls))
+    return {r["rank"]: r for r in run_json(code, timeout=180)}
+
+
+def _keys_and_stale(calls: int) -> None:
+    run = _bookkeeping("keys_then_stale", calls)
+    for rank in (0, 1):
+        # Before, every call left a key per rank for good: 3 keys became 1,003 after 500 calls.
+        first, last = run[rank]["counts"]
+        assert first <= 4 and last == 4, run[rank]  # two per rank, one per call's parity: 2 x world size
+    later = run[0]["later"]
+    view = later["view"]
+    # Rank 1 published its figures, then was killed: shown with them, stale, and left out of the spread.
+    assert view["missing"] == [1] and list(view["stale"]) == ["1"] and view["stale"]["1"] >= 1.0
+    assert view["per_rank"]["1"]["stale"] and view["per_rank"]["1"]["figures"]["allocated"] == 2000
+    assert view["max"]["allocated"] == 1000 and view["outlier"] is None
+    assert "stale, " in later["table"] and "did not answer" in later["table"]
+    assert any("rank(s) 1 did not answer" in w and "rank 1's" in w and "old" in w for w in later["warnings"])
+
+
+@pytest.mark.covers("torch:ranks.cluster")
+def test_the_store_holds_two_keys_per_rank_and_a_killed_rank_is_stale() -> None:
+    _keys_and_stale(20)
+
+
+@pytest.mark.slow
+def test_a_thousand_calls_leave_two_keys_per_rank() -> None:
+    _keys_and_stale(1000)
+
+
+@pytest.mark.slow
+def test_when_the_store_goes_the_message_says_the_time_that_passed() -> None:
+    later = _bookkeeping("store_goes", 1)[1]["later"]
+    said = later.get("error") or " ".join(later["warnings"])
+    assert "store" in said and "20 s" not in said, said  # before: "did not answer within 30 s" after 1.2 s
+    assert later["seconds"] < 20, later

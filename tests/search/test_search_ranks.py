@@ -383,20 +383,24 @@ def test_a_model_no_framework_knows_is_refused():
     assert caught.value.parameter == "model"
 
 
-def test_a_launcher_without_a_runtime_warns_that_each_rank_searches_alone(pyjson):
+def test_a_launcher_without_a_runtime_is_the_cluster_views_error(pyjson):
+    # Before, each rank searched alone, silently enough to be missed, while cluster_stats raised.
     code = """
-    import warnings, unimem
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        size = unimem.find_batch_size(lambda n: None, start=4, max_size=16)
-        quiet = unimem.find_batch_size(lambda n: None, start=4, max_size=16, collective=False)
-    emit({"size": size, "quiet": quiet, "warnings": [str(w.message) for w in caught]})
+    import unimem
+    out = {}
+    for name, call in (("search", lambda: unimem.find_batch_size(lambda n: None, start=4, max_size=16)),
+                       ("view", lambda: unimem.cluster_stats())):
+        try:
+            call()
+        except unimem.ClusterError as exc:
+            out[name] = str(exc)
+    out["alone"] = unimem.find_batch_size(lambda n: None, start=4, max_size=16, collective=False)
+    emit(out)
     """
     out = pyjson(code, env={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
-    assert out["size"] == out["quiet"] == 16
-    assert (
-        len(out["warnings"]) == 1 and "rank 1 of 2" in out["warnings"][0] and "collective=False" in out["warnings"][0]
-    )
+    assert out["alone"] == 16
+    said = "the environment says this is rank 1 of 2 (launcher), but no distributed runtime is initialised"
+    assert said in out["search"] and said in out["view"] and "collective=False" in out["search"]
 
 
 # --- end to end: search, plan, accumulate and the loss scaler under DDP ------------------------

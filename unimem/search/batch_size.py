@@ -152,7 +152,8 @@ def find_batch_size(
     Raises:
         ConfigError: A bad argument, before any trial (``exc.parameter`` names it), or ``limit=`` with no peak to hold.
         OutOfMemory: Even batch size 1 does not fit (``exc.report`` says why), or none fit in the calls or time given.
-        ClusterError: Over ranks: a rank did not answer within ``timeout``, or another rank's step raised.
+        ClusterError: Over ranks: a rank did not answer within ``timeout``, or another rank's step raised; or the
+            environment says there are several ranks but no distributed runtime runs (``collective=False``: alone).
         Exception: The step's own error (not out of memory), as it came, with its size as ``exc.unimem_batch_size``.
         KeyboardInterrupt: Ctrl-C, with the largest size that ran so far as ``exc.unimem_best_size``.
 

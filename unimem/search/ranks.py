@@ -8,13 +8,12 @@ from __future__ import annotations
 import itertools
 import json
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from unimem import ranks, registry
-from unimem.errors import ClusterError, UnimemWarning
+from unimem.errors import ClusterError
 
 if TYPE_CHECKING:
     from unimem.backends.base import KeyValueStore
@@ -119,22 +118,15 @@ def connect(collective: bool | None, timeout: float) -> Ranks | None:
         store = registry.get_backend(name).distributed.distributed_store()
         if store is not None and store.world_size > 1:
             return Ranks(store, f"{name} runtime", timeout, f"unimem/find_batch_size/{next(_searches)}/")
-    info = ranks.rank_info(runtime=False)
-    if (info.world_size or 1) > 1:
-        launched = (
-            f"the environment says this is rank {info.rank} of {info.world_size} ({info.launcher}), but no "
-            "distributed runtime is initialised in this process to agree through"
-        )
-        if collective:
-            raise ClusterError(f"find_batch_size(collective=True): {launched}: initialise it first")
-        warnings.warn(
-            f"find_batch_size: {launched}: this rank searches alone and may find another size than the others; "
-            "initialise the runtime first (init_process_group, jax.distributed.initialize), or pass "
-            "collective=False to search per rank on purpose",
-            UnimemWarning,
-            stacklevel=4,
-        )
-    elif collective:
+    missing_runtime = ranks.runtime_missing(
+        "find_batch_size" if collective is None else "find_batch_size(collective=True)"
+    )
+    if missing_runtime is not None:
+        if collective is None:
+            # Searching alone would answer this rank's size while the others agree on theirs.
+            raise ClusterError(f"{missing_runtime}; or pass collective=False to search this rank alone on purpose")
+        raise missing_runtime
+    if collective:
         raise ClusterError(
             "find_batch_size(collective=True): no distributed runtime with several ranks is initialised in this "
             "process; initialise it first, or leave collective=None"
