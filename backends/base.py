@@ -536,6 +536,7 @@ class Search:
     rematerializes: ClassVar[bool] = False
     saturation_cause: ClassVar[str] = "the framework saves memory to fit near its limit (recomputing or swapping)"
     predicts_concurrently: ClassVar[bool] = False
+    remat_share: ClassVar[float | None] = None
     kept_outputs_note: ClassVar[str] = (
         "something still references what the failed steps allocated (gradients set in a failed backward, "
         "which the next step reuses, or a caught exception, a list of outputs)"
@@ -560,6 +561,12 @@ class Search:
         return None
 
     def search_largest_buffer(self, snapshot: MemoryStats) -> int | None:
+        return None
+
+    def predict_rematerialized(self, lowered: Any) -> bool | None:
+        return None
+
+    def search_room_after_region(self, snapshot: MemoryStats) -> int | None:
         return None
 
     def trial_context(self, model: Any) -> Callable[[], contextlib.AbstractContextManager[None]] | None:

@@ -247,6 +247,12 @@ class SearchTopic(Protocol):
         """Why bytes stay in use after a failed trial, as the search's note says it."""
         ...
 
+    @property
+    def remat_share(self) -> float | None:
+        """The share of the pool's limit past which the framework's compiler rematerializes a step (recomputes
+        to fit, and runs slower), as the predicted peak reads; None where it never does or it is unknown."""
+        ...
+
     def search_capacity(self, snapshot: MemoryStats) -> int | None:
         """Bytes a trial's measured peak may reach, from ``stats()`` before the search (the cap by
         default); None when unknown."""
@@ -273,6 +279,17 @@ class SearchTopic(Protocol):
     def search_largest_buffer(self, snapshot: MemoryStats) -> int | None:
         """The largest single buffer the allocator can hand out now (``snapshot`` is ``stats()``); None
         when unknown or not a bound."""
+        ...
+
+    def predict_rematerialized(self, lowered: Any) -> bool | None:
+        """Whether the compiled form of what ``lower(n)`` returned was rematerialized to fit under the
+        compiler's limit (or could not be brought under it); None when the framework cannot tell."""
+        ...
+
+    def search_room_after_region(self, snapshot: MemoryStats) -> int | None:
+        """The largest single buffer the allocator could still hand out after a compilation took one more
+        region from a pool grown on demand (compilers that tune on real buffers take some); None where
+        compilations take nothing from the pool, or the figures are unknown."""
         ...
 
     def trial_context(self, model: Any) -> Callable[[], contextlib.AbstractContextManager[None]] | None:

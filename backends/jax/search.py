@@ -4,6 +4,7 @@ an out-of-memory error. Importing this module imports nothing of JAX."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from unimem.backends.base import Search
@@ -18,6 +19,11 @@ _DONATED = (
     "the arrays it was given to donate (donate_argnums). Search with a step that does not donate "
     "(or passes copies), then donate in training with the size found"
 )
+
+
+# An instruction XLA's rematerialization pass made: a clone named ``<name>.remat`` (``.remat2`` when
+# cloned again, ``gte.remat``/``bitcast.remat`` for its users, ``.remat_compressed``), defined on its line.
+_REMAT = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]*\.remat\w*(?:\.\d+)*\s+=", re.MULTILINE)
 
 
 def _platform(compiled: Any) -> str | None:
@@ -59,6 +65,9 @@ class JaxSearch(Search):
     rematerializes = True  # XLA recomputes activations to stay under its limit
     saturation_cause = "XLA rematerializes: it recomputes activations to fit under its limit"
     predicts_concurrently = True  # XLA compiles with the interpreter released
+    # XLA's GPU scheduler rematerializes past 95% of its memory limit (xla_gpu_memory_limit_slop_factor,
+    # default 95); the limit is the pool's (on an H200 the "99.52 GiB" XLA logged under a 104.85 GiB pool).
+    remat_share = 0.95
     kept_outputs_note = (
         "XLA does not free a failed execution's output buffers, which stay in use until the process ends; "
         "this process now fits less than a fresh one"
@@ -71,11 +80,13 @@ class JaxSearch(Search):
         adds is held to one piece, the room left under the cap or the largest free block, whichever
         is larger (free blocks beside it may take a few small outputs: left out, on the safe side).
         Compilations and runs can grow the pool (XLA autotunes on real buffers), so the search reads
-        this again before each run. The search uses it where no step's largest buffer is predicted
+        this again before each call. The search uses it where no step's largest buffer is predicted
         (no ``lower=``); with predictions it holds the peak against the cap and the largest buffer
-        against ``search_largest_buffer``. A preallocated pool is one region: then the cap."""
+        against ``search_largest_buffer``. A pool grown to its limit has no room left under it: its
+        largest free block is all one buffer gets (a preallocated pool is one region, whose free
+        block is about the cap less what is in use)."""
         limit, pool, in_use, block = snapshot.limit, snapshot.reserved, snapshot.allocated, snapshot.largest_free_block
-        if limit is None or pool is None or in_use is None or block is None or pool >= limit:
+        if limit is None or pool is None or in_use is None or block is None:
             return limit
         return min(limit, in_use + max(limit - pool, block))
 
@@ -88,6 +99,27 @@ class JaxSearch(Search):
         if limit is None or pool is None or block is None:
             return None
         return max(block, limit - pool)
+
+    def search_room_after_region(self, snapshot: MemoryStats) -> int | None:
+        """The largest buffer XLA's allocator could hand out after a compilation took one more region: with
+        growth on, the pool grows in regions each twice the last (so the next about as large as the pool
+        so far), and XLA autotunes a compilation's kernels on real buffers, which may take one. None for a
+        preallocated pool (one region: a compilation takes nothing from the device) or unknown figures."""
+        limit, pool, block = snapshot.limit, snapshot.reserved, snapshot.largest_free_block
+        if limit is None or pool is None or block is None or pool >= limit:
+            return None
+        return max(block, limit - 2 * pool)
+
+    def predict_rematerialized(self, lowered: Any) -> bool | None:
+        """Whether XLA rematerialized ``lowered``'s compiled program (recomputes values to fit under its
+        limit, and runs slower): its optimized HLO defines clones named ``*.remat*``. None when the compiled
+        text is not available."""
+        stage = _compiled(lowered)
+        try:
+            text = stage.as_text()
+        except Exception:  # a stage without compiled text (an older JAX, a foreign object)
+            return None
+        return None if not isinstance(text, str) or not text else _REMAT.search(text) is not None
 
     def predict_peak(self, lowered: Any) -> int | None:
         """The peak bytes of ``lowered`` (a ``jax.stages.Traced``, ``Lowered`` or ``Compiled``), or
