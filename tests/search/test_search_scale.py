@@ -28,7 +28,7 @@ def h200_mlp(n: int) -> int:
 
 
 def test_a_bent_line_is_placed_in_four_compilations_not_five() -> None:
-    scale = Scale(h200_mlp, budget=40)
+    scale = Scale(h200_mlp, budget=40, rising=True)
     scale.peak(64), scale.peak(2048)
     found = scale.locate(int(7.30 * GiB), 64, None, 0.025, 6)
     assert found is not None and h200_mlp(found) <= 7.30 * GiB
@@ -40,11 +40,13 @@ def test_a_bent_line_is_placed_in_four_compilations_not_five() -> None:
 @given(
     fixed=st.floats(0.1, 4.0),
     largest_near=st.integers(1_000, 2_000_000),
-    bend=st.floats(-0.3, 0.3),
+    bend=st.floats(-0.03, 0.3),
 )
 def test_placement_stays_within_the_tolerance_in_few_compilations(fixed: float, largest_near: int, bend: float) -> None:
-    # Peaks in GiB: a line with a mild bend either way (increasing throughout), as XLA's
-    # buffer assignment gives; 60 GiB allowed beside the fixed part.
+    # Peaks in GiB: a line that bends up, or down a little, as XLA's buffer assignment gives (its
+    # bytes per sample rise with the size and level off: on an H200 they fell by at most 0.7% past
+    # 65536, and a line from a smaller size bounds the answer only where they do not fall much more);
+    # 60 GiB allowed beside the fixed part.
     per_sample = 60 / largest_near
 
     def predicted(n: int) -> int:
@@ -55,7 +57,7 @@ def test_placement_stays_within_the_tolerance_in_few_compilations(fixed: float, 
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if predicted(middle) <= allowed else (low, middle)
-    scale = Scale(predicted, budget=40)
+    scale = Scale(predicted, budget=40, rising=True)
     scale.peak(64), scale.peak(128)
     found = scale.locate(allowed, 64, None, 0.025, 8)
     assert found is not None and predicted(found) <= allowed and found >= 0.975 * low
@@ -81,7 +83,7 @@ def test_a_largest_buffer_flat_at_small_sizes_does_not_send_the_first_guess_far_
     # At 64 and 2048 the largest buffer is a parameter and barely grows, so a line through the
     # raised peaks is nearly flat: followed alone it compiled 1489717 first on the H200, 24 times
     # the answer (every compilation costs seconds, and its autotuning takes regions from the pool).
-    scale = Scale(h200_mlp_pieces, budget=40, room=ROOM_8G)
+    scale = Scale(h200_mlp_pieces, budget=40, room=ROOM_8G, rising=True)
     scale.peak(64), scale.peak(2048)
     found = scale.locate(LIMIT_8G, 2048, None, 0.025, 6)
     fits = [n for n in range(40000, 70000, 16) if h200_mlp_pieces(n)[1] <= ROOM_8G]
@@ -127,13 +129,13 @@ class Rounds:
 
 
 def test_a_transformer_that_rematerializes_is_placed_in_three_rounds() -> None:
-    # From batch 2 alone: the nearer line lands under the answer, twice it beside; the line
-    # between those two crosses the room near the answer, and comes with the size that closes
-    # the bracket. Past 52 the temporaries stay flat over the room: a line through them creeps
-    # (on the H200, eleven compilations from 92 down to 71), so a bracket two rounds left over
-    # half as wide is halved instead.
+    # From batch 2 alone, whose temporaries have not levelled off: one more small size where the
+    # line from what the step holds crosses the limit (it lands under the answer), then the answer
+    # from the line through it, with the size one margin under it beside (no room to lose here).
+    # Past 52 the temporaries stay flat over the room: a line through them creeps (on the H200,
+    # eleven compilations from 92 down to 71), so nothing is compiled far past the answer.
     rounds = Rounds(h200_transformer)
-    scale = Scale(rounds.one, budget=40, predict_many=rounds.many, width=2, room=ROOM_TRANSFORMER)
+    scale = Scale(rounds.one, budget=40, predict_many=rounds.many, width=2, room=ROOM_TRANSFORMER, rising=True)
     scale.held = HELD_TRANSFORMER
     scale.peak(2)
     found = scale.locate(LIMIT_8G, 2, None, 0.025, 6)
@@ -147,7 +149,7 @@ def test_a_line_through_a_flat_stretch_halves_the_bracket_instead_of_creeping() 
     # Only 2 fits and 92 does not: the line between them crosses the room just under 92 again
     # and again (the temporaries are flat there); two rounds that leave it over half as wide halve it.
     rounds = Rounds(h200_transformer)
-    scale = Scale(rounds.one, budget=40, predict_many=rounds.many, width=2, room=ROOM_TRANSFORMER)
+    scale = Scale(rounds.one, budget=40, predict_many=rounds.many, width=2, room=ROOM_TRANSFORMER, rising=True)
     scale.peak(2), scale.peak(92)
     found = scale.locate(LIMIT_8G, 2, None, 0.025, 8)
     largest = max(n for n in range(2, 4000) if h200_transformer(n)[1] <= ROOM_TRANSFORMER)
@@ -157,10 +159,10 @@ def test_a_line_through_a_flat_stretch_halves_the_bracket_instead_of_creeping() 
 
 def test_a_parameter_as_the_largest_buffer_places_the_first_round_under_the_answer() -> None:
     # At 64 the MLP's largest buffer is a parameter: the line from zero through it is far steeper
-    # than the temporaries' own, so the first round lands under the answer and the next draws
-    # the step's own lines; no round compiles a size far past the answer.
+    # than the temporaries' own, so the first rounds land under the answer and the next draws the
+    # step's own lines; no round compiles a size far past the answer.
     rounds = Rounds(h200_mlp_pieces)
-    scale = Scale(rounds.one, budget=40, predict_many=rounds.many, width=2, room=ROOM_8G)
+    scale = Scale(rounds.one, budget=40, predict_many=rounds.many, width=2, room=ROOM_8G, rising=True)
     scale.held = 704_852_224
     scale.peak(64)
     found = scale.locate(LIMIT_8G, 64, None, 0.025, 6)

@@ -18,7 +18,7 @@ from unimem.search.rules import (
     split,
     stalled,
 )
-from unimem.search.state import Run, reread_capacity, scale_limit, upper_bound
+from unimem.search.state import Run, reread_capacity, scale_limit, take_snapshot, upper_bound
 
 __all__ = ["call_budget", "choose", "is_converged"]
 
@@ -26,8 +26,11 @@ __all__ = ["call_budget", "choose", "is_converged"]
 # XLA's allocator waits before it fails), makes the search approach the answer from below.
 _COSTLY = 5.0
 _COSTLY_SECONDS = 1.0
-# Compilations of ``lower(n)`` allowed per size placed.
-_COMPILES_PER_PLACEMENT = 6
+# Compilations of ``lower(n)`` allowed per size placed: on a GPU each costs seconds (a large step's
+# tens of seconds), and from the start XLA's answer takes at most four (docs/explanation/batch-search.md);
+# figures ``lower`` gives itself may bend any way, and get the six a bend takes.
+_COMPILES_PER_PLACEMENT = 4
+_COMPILES_PER_PLACEMENT_GIVEN = 6
 
 
 def is_converged(run: Run) -> bool:
@@ -56,6 +59,21 @@ def choose(run: Run, convex: bool) -> tuple[int, str]:
         placed = _place(run)
         if placed is not None:
             return placed
+    elif _grows_in_regions(run):
+        last = run.trials[-1]
+        # A failed call took regions from a pool grown on demand (its compilation's autotuning, its
+        # temporaries) and kept them: the room left for one buffer is read again, and the failure
+        # refuted the sure bound only as it stood against the room before; one above it is capped by it.
+        if not last.fits and reread_capacity(run) and run.sure_refuted:
+            run.sure_refuted = False
+        room = None if run.limit is None else (1 - run.settings.margin) * (run.limit - run.kept_total)
+        took_it = last.peak is not None and room is not None and last.peak >= room
+        if last.fits and last.batch_size == run.good and took_it:
+            # The largest size that ran took about all the room left: the next is the size whose
+            # failure ends the search (a failure costs seconds here).
+            high = upper_bound(run)
+            size = closing(run.good, run.settings.margin)
+            return (size if high is None else min(size, high)), "close"
     # What failed trials kept for good is lost to every later trial (peaks measured after
     # it include it too: both err on the safe side).
     usable = None if run.limit is None else run.limit - run.overhead - run.kept_total
@@ -100,7 +118,8 @@ def _place(run: Run) -> tuple[int, str] | None:
     costly) from the largest run that fit to the ceiling the failures set. None: they cannot place it."""
     scale, margin, good = run.scale, run.settings.margin, run.good
     assert scale is not None
-    reread_capacity(run)  # the last run (and the compilations before it) may have grown the pool
+    _read_room(run)  # the last run (and the compilations before it) may have grown the pool
+    scale.after_round = lambda: _read_room(run)
     if len(scale.fails) == 1 and not run.trials[-1].fits and run.bad is not None:
         below = math.ceil((1 - margin) * (run.bad - 1))
         ceiling = scale.allowed(scale_limit(run), run.kept_total, 1.0)
@@ -116,12 +135,14 @@ def _place(run: Run) -> tuple[int, str] | None:
     bounds = [x for x in (None if run.bad is None else run.bad - 1, run.settings.max_size) if x is not None]
     # At the ceiling the largest size is wanted to within the margin; a split needs only its region
     # (each compilation of a large step costs seconds on a GPU).
-    most = _COMPILES_PER_PLACEMENT if share == 1 else 1
-    found = scale.locate(allowed, good, min(bounds) if bounds else None, margin / 2, most)
-    if reread_capacity(run):  # the compilations just made took from the pool
+    most = (_COMPILES_PER_PLACEMENT if scale.rising else _COMPILES_PER_PLACEMENT_GIVEN) if share == 1 else 1
+    first = allowed
+
+    def now() -> int:  # a compilation may have taken from the pool (``_read_room`` after each)
         again = scale.allowed(scale_limit(run), run.kept_total, share)
-        if again is not None:
-            found = scale.locate(min(again, allowed), good, min(bounds) if bounds else None, margin / 2, most)
+        return first if again is None else min(first, again)
+
+    found = scale.locate(now, good, min(bounds) if bounds else None, margin, most)
     high = upper_bound(run)  # the compilations just made may bound it
     close = closing(good, margin)
     if found is None or found < close:
@@ -131,16 +152,36 @@ def _place(run: Run) -> tuple[int, str] | None:
         if high is None or close > high or scale.peak(close) is None:
             return None
         return close, "close"
-    if share < 1 or high is None:
-        return found, "predicted-split" if share < 1 else "predicted"
-    if scale.width > 1:
-        # Placed a little under its line's crossing already, and compiled: a size under it would
-        # cost a compilation more (seconds to minutes), for a hedge the line already took.
-        return found, "predicted"
-    # At the limit, a little under the largest size predicted to fit, as far as the answer
-    # stays within the margin: the capacity may lie a little under the limit.
-    aim = max(math.ceil((1 - margin) * high), math.floor(found * (1 - margin / 4)), good + 1)
-    return min(aim, found), "predicted"
+    # The size compiled, and placed a little under its lines' crossing already: any other would cost
+    # the step a compilation of its own (seconds to minutes on a GPU).
+    return found, "predicted-split" if share < 1 else "predicted"
+
+
+def _grows_in_regions(run: Run) -> bool:
+    """Whether the framework's pool grew on demand in regions that its calls keep when the search
+    began (JAX with growth on: ``search_room_after_region`` answered), with figures of its own (no
+    ``limit=``, ``measure=``)."""
+    if run.adapter is None or run.before is None or run.settings.limit is not None or run.settings.measure is not None:
+        return False
+    return run.adapter.search.search_room_after_region(run.before) is not None
+
+
+def _read_room(run: Run) -> None:
+    """Read the capacity and the room again (``reread_capacity``), with what the framework says
+    of them for the predictions: the room a compilation may leave (``search_room_after_region``),
+    and the compiler's own limit where the framework sized the predictions and the limit is its
+    own cap (``remat_share`` of it). Over ranks, the smallest any rank knows."""
+    scale = run.scale
+    assert scale is not None
+    reread_capacity(run)
+    snapshot = take_snapshot(run) if run.settings.measure is None else None
+    after = None if snapshot is None or run.adapter is None else run.adapter.search.search_room_after_region(snapshot)
+    if run.ranks is not None:
+        answers = run.ranks.exchange({"kind": "room", "size": run.good, "room_after": after})
+        after = min((p["room_after"] for p in answers.values() if p["room_after"] is not None), default=None)
+    scale.room_after = after
+    share, limit = scale.remat_share, run.limit
+    scale.remat_limit = None if share is None or limit is None or run.settings.limit is not None else int(share * limit)
 
 
 def call_budget(run: Run) -> int:

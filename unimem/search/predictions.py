@@ -12,16 +12,17 @@ from unimem.diagnose.guard import clear_frames, find_oom
 from unimem.errors import ConfigError
 from unimem.search.attempt import mark, tell_ranks
 from unimem.search.compile import size_all
-from unimem.search.ranks import worst
+from unimem.search.ranks import known, worst
 from unimem.search.scale import OVER, Scale
 from unimem.search.state import Run
 
-__all__ = ["first_size", "new_scale", "predicted_peak"]
+__all__ = ["first_size", "new_scale", "predicted_peak", "prediction_notes"]
 
 # Compilations of ``lower(n)`` allowed per call of the step the search may make (``max_trials``).
 _COMPILES_PER_TRIAL = 2
-# Sizes compiled at once where the framework sizes them in threads: a placed size and the one
-# that closes its bracket (two took 1.3 times one compilation's time on an H200).
+# Sizes compiled at once where the framework sizes them in threads and compilations take nothing
+# from the pool: a placed size and the one a margin under it (two took 1.3 times one compilation's
+# time on an H200).
 _COMPILE_WIDTH = 2
 
 
@@ -35,59 +36,89 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _size_lowered(run: Run, lowered: Any) -> tuple[int, int | None] | None:
-    """The predicted peak and largest single buffer of what ``lower(n)`` returned: an int is
-    taken as the peak's bytes, a pair of ints as both; else the search's framework sizes it,
-    then each one imported (``adapter.search.predict_peak``, ``predict_largest_buffer``)."""
-    pair = isinstance(lowered, tuple) and len(lowered) == 2 and all(map(_whole, lowered))
-    if _whole(lowered) or pair:
-        peak, largest = (lowered, None) if _whole(lowered) else lowered
-        if peak < 0 or (largest is not None and not 0 <= largest <= peak):
+# What the framework says of one compiled size: its peak, its largest single buffer, and whether
+# the compiler rematerialized it (None: unknown).
+Figures = tuple[int, int | None, bool | None]
+
+
+def _given(lowered: object) -> Figures | None:
+    """What ``lower(n)`` returned when it is the prediction itself: the peak's bytes (an int), the
+    pair (peak, largest buffer) or the triple (peak, largest buffer, rematerialized); None when it
+    is something for the framework to size. A figure no pool can hold is a ``ConfigError``."""
+    if _whole(lowered):
+        peak: Any = lowered
+        largest: Any = None
+        remat: Any = None
+    elif isinstance(lowered, tuple) and len(lowered) in (2, 3) and all(map(_whole, lowered[:2])):
+        peak, largest, remat = (*lowered, None)[:3]
+        if len(lowered) == 3 and not isinstance(remat, bool):
             raise ConfigError(
                 "lower",
-                f"lower() returned {lowered!r}: a peak in bytes is at least 0, and a (peak, largest buffer) "
-                "pair holds a largest buffer between 0 and the peak",
+                f"lower() returned {lowered!r}: the third of (peak, largest buffer, rematerialized) says whether "
+                "the compiler rematerialized the step, True or False",
             )
-        return peak, largest
+    else:
+        return None
+    if peak < 0 or (largest is not None and not 0 <= largest <= peak):
+        raise ConfigError(
+            "lower",
+            f"lower() returned {lowered!r}: a peak in bytes is at least 0, and a (peak, largest buffer) "
+            "pair holds a largest buffer between 0 and the peak",
+        )
+    return peak, largest, remat
+
+
+def _size_lowered(run: Run, lowered: Any) -> Figures | None:
+    """The predicted peak, largest single buffer and rematerialization of what ``lower(n)``
+    returned (``_given``); else the search's framework sizes it, then each one imported
+    (``adapter.search.predict_peak``, ``predict_largest_buffer``, ``predict_rematerialized``)."""
+    given = _given(lowered)
+    if given is not None:
+        return given
     adapters = [run.adapter] if run.adapter is not None else []
     adapters += [registry.get_backend(name) for name in registry.imported_frameworks()]
     for adapter in dict.fromkeys(adapters):
-        value = adapter.search.predict_peak(lowered)
+        search = adapter.search
+        value = search.predict_peak(lowered)
         if value is not None:
-            if run.scale is not None and adapter.search.predicts_concurrently:
-                run.scale.width = _COMPILE_WIDTH
-            return value, adapter.search.predict_largest_buffer(lowered)
+            if run.scale is not None:
+                run.scale.width = _COMPILE_WIDTH if search.predicts_concurrently else 1
+                run.scale.remat_share = search.remat_share
+                run.scale.rising = True  # a compiled program's figures: XLA's bytes per sample rise and level off
+            return value, search.predict_largest_buffer(lowered), search.predict_rematerialized(lowered)
     return None
 
 
-def _predictor(run: Run) -> Callable[[list[int]], list[tuple[int, int | None] | None]]:
-    """``sizes -> predicted (peak, largest buffer)`` through ``lower=``, compiled at once where
-    the scale's rounds are wider than one (``unimem.search.compile``); a lowering that itself runs out
-    of memory predicts ``OVER`` (the size does not fit), any other error stops the search."""
+def _predictor(run: Run) -> Callable[[list[int]], list[Figures | None]]:
+    """``sizes -> predicted (peak, largest buffer, rematerialized)`` through ``lower=``, compiled at
+    once where the scale's rounds are wider than one (``unimem.search.compile``); a lowering that
+    itself runs out of memory predicts ``OVER`` (the size does not fit), any other error stops the search."""
     lower = run.settings.lower
     assert lower is not None
 
-    def predict(sizes: list[int]) -> list[tuple[int, int | None] | None]:
+    def predict(sizes: list[int]) -> list[Figures | None]:
         threads = 1 if run.scale is None else run.scale.width
-        results: list[tuple[int, int | None] | None] = []
+        results: list[Figures | None] = []
         for size, done in zip(sizes, size_all(lower, lambda x: _size_lowered(run, x), sizes, threads), strict=True):
-            value, largest = (None, None) if done.value is None else done.value
+            value, largest, remat = (None, None, None) if done.value is None else done.value
             if done.error is not None:
                 if find_oom(done.error) is None:
                     mark(done.error, size, f"unimem.find_batch_size: lower({size}) raised this")
                     tell_ranks(run.ranks, "compilation", size, done.error)
                     raise done.error
                 clear_frames(done.error)  # the lowering's frames may hold arrays of that size
-                value, largest = OVER, None
+                value, largest, remat = OVER, None, None
             if run.ranks is not None:
-                # The largest over ranks, so every rank places the same sizes (None: one cannot size it).
-                message = {"kind": "compilation", "size": size, "predicted": value, "largest": largest}
+                # The largest over ranks, so every rank places the same sizes (None: one cannot size it);
+                # rematerialized where any rank's compiler did.
+                message = {"kind": "compilation", "size": size, "predicted": value, "largest": largest, "remat": remat}
                 answers = run.ranks.exchange(message)
                 value = worst([p["predicted"] for p in answers.values()])
                 largest = worst([p["largest"] for p in answers.values()])
+                remat = known([p.get("remat") for p in answers.values()])
             room = None if run.scale is None else run.scale.room
             run.progress.compiled(size, value, done.seconds, largest, room)
-            results.append(None if value is None else (value, largest))
+            results.append(None if value is None else (value, largest, remat))
         return results
 
     return predict
@@ -119,7 +150,40 @@ def first_size(run: Run) -> int:
             f"lower({size}) returned nothing the framework in use can size: return the step lowered for that "
             "size (jax: jax.jit(step).lower(...)), or its predicted peak bytes as an int",
         )
-    while size > 1 and run.limit is not None and predicted is not None and predicted > run.limit:
+    # Past the limit, or rematerialized (no size that runs at full speed): halved until it is not.
+    while (
+        size > 1
+        and predicted is not None
+        and ((run.limit is not None and predicted > run.limit) or size in run.scale.remat)
+    ):
         size //= 2
         predicted = run.scale.peak(size)
     return size
+
+
+def prediction_notes(run: Run) -> list[str]:
+    """What the predictions showed, for the search's notes: the sizes the compiler rematerialized
+    (the smallest compiled with it, the largest without), or where it would begin to; and why the
+    predictions were set aside, if they were."""
+    scale = run.scale
+    if scale is None:
+        return []
+    notes = [] if scale.distrust is None else [f"predictions (lower=) set aside: {scale.distrust}"]
+    remat = sorted(n for n in scale.memo if scale.rematerialized(n))
+    clean = sorted(n for n in scale.memo if n not in remat and scale.memo[n] < OVER)
+    if remat:
+        below = [n for n in clean if n < remat[0]]
+        under = f"; the largest compiled without it: {below[-1]}" if below else ""
+        notes.append(
+            f"the compiler rematerializes the step from batch size {remat[0]} (the smallest size compiled that it "
+            f"rematerialized, or predicted past its limit{under}): such a size recomputes to fit and runs slower, "
+            "so none was run and the answer lies below it"
+        )
+    elif clean and scale.remat_limit is not None and scale.remat_share is not None:
+        onset = scale.remat_onset()
+        if onset is not None:
+            notes.append(
+                f"no size compiled was rematerialized (the largest: {clean[-1]}); the compiler would rematerialize "
+                f"from about batch size {onset} (the predicted peak past {scale.remat_share:.0%} of the pool's limit)"
+            )
+    return notes

@@ -17,7 +17,7 @@ from unimem.errors import ConfigError, OutOfMemory, UnimemWarning
 from unimem.search.agreement import agree, agree_open
 from unimem.search.attempt import attempt, tell_ranks
 from unimem.search.policy import call_budget, choose, is_converged
-from unimem.search.predictions import first_size, new_scale, predicted_peak
+from unimem.search.predictions import first_size, new_scale, predicted_peak, prediction_notes
 from unimem.search.progress import Progress, interrupted
 from unimem.search.ranks import Outcome, Ranks, connect
 from unimem.search.result import BatchSizeSearch, Trial
@@ -244,8 +244,7 @@ def _finish(step: Callable[[int], Any], run: Run, converged: bool, began: float)
     after = take_snapshot(run)
     if run.limit is None and settings.measure is None and run.scale is None:
         notes.append("no memory limit known: searched by doubling and bisection, without a model")
-    if run.scale is not None and run.scale.distrust is not None:
-        notes.append(f"predictions (lower=) set aside: {run.scale.distrust}")
+    notes += prediction_notes(run)
     if run.host is not None:
         notes.append(run.host.note())
     if not converged:

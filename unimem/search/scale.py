@@ -13,6 +13,15 @@ one) and reads the largest buffer its allocator can hand out now (``room``: a po
 demand keeps its regions, so what is free is not all in one piece), a size fits only where both
 hold: its peak under the capacity, and its largest buffer within the room.
 
+A size whose compiled program the compiler rematerialized (recomputes values to fit under its
+own limit, and runs slower; or could not bring it under) is beyond the answer, however low its
+flattened peak reads, and so is every size above the smallest such one.
+
+Each compilation of a large step costs seconds, so the sizes are placed to need few: from the
+start, one more small size where the start says nothing of the bytes per sample; then a first
+guess a line from them cannot overshoot; then the answer from lines through sizes whose bytes
+per sample have levelled off, first under the room a compilation may leave.
+
 No I/O, no framework, no clock: the predictor is a callable, so the scale is tested with
 simulated predictions.
 """
@@ -39,24 +48,37 @@ NOISE = 0.03
 GROWTH = 32
 # The most a line through the compiled sizes is extrapolated in one step.
 REACH = 1024
+# A compiled size whose predicted peak grew this share of the way from the smallest compiled size's
+# to the limit, or whose largest buffer is this share of the room, has levelled off: XLA's bytes per
+# sample rise with the size and settle once its temporaries are large (on an H200 by 15-25% of the room).
+SETTLED = 0.15
+# A line through sizes that have not levelled off crosses the limit at most this many times past
+# the answer (on an H200 two to four times: small sizes underestimate the bytes per sample).
+OVERSHOOT = 4.0
+# What a line through levelled-off sizes may be off in its slope (on an H200 0.5-2.4%): it bounds
+# the answer from above only this much less steep.
+SLACK = 0.02
 
 
-# A predicted peak, or the pair (peak, largest single buffer; None when unknown).
-Prediction = int | tuple[int, int | None]
+# A predicted peak, the pair (peak, largest single buffer; None when unknown), or the triple that
+# adds whether the compiler rematerialized the program (None when unknown).
+Prediction = int | tuple[int, int | None] | tuple[int, int | None, bool | None]
 
 
 @dataclass
 class Scale:
     """What the search knows on the predicted scale. ``predictor(n)`` returns the predicted
     peak bytes of size ``n`` (``OVER`` when lowering it ran out of memory), or the pair (peak,
-    largest single buffer), or None when it cannot be predicted."""
+    largest single buffer), or the triple (peak, largest buffer, rematerialized), or None when
+    it cannot be predicted."""
 
     predictor: Callable[[int], Prediction | None]
     budget: int  # compilations allowed in all
     # ``sizes -> predictions`` compiled at once (a round costs about one compilation), or None.
     predict_many: Callable[[list[int]], Sequence[Prediction | None]] | None = None
-    # Sizes a round compiles at once: above 1, the size a line places comes with the size that
-    # would close the bracket if it fits, so one round both places and closes.
+    # Sizes a round may compile at once: above 1, where compilations take nothing from the pool
+    # (``room_after`` None), the size placed on a levelled-off line comes with the size one margin
+    # under it, so that one round ends the search whether the placed size fits or not.
     width: int = 1
     # Bytes the step holds at size 0 on the predicted scale (its parameters and state), where
     # known: a line from it through one compiled size places the first extrapolation.
@@ -65,6 +87,20 @@ class Scale:
     largest: dict[int, int] = field(default_factory=dict)  # the largest single buffer, where predicted
     # The largest buffer the allocator can hand out now; None: no bound beside the capacity.
     room: int | None = None
+    # The largest buffer it could hand out after one more compilation took a region from the pool
+    # (a pool grown on demand); None where compilations take nothing from it.
+    room_after: int | None = None
+    # The share of the pool's limit past which the framework's compiler rematerializes (where the
+    # framework sized the predictions), and the predicted peak that makes on the pool's limit.
+    remat_share: float | None = None
+    remat_limit: int | None = None
+    remat: set[int] = field(default_factory=set)  # sizes whose compiled program was rematerialized
+    probed: bool = False  # a size placed on levelled-off lines was compiled: the room it leaves is known
+    # Whether the bytes per sample the predictions add never fall much with the size, so that a line
+    # through a compiled size bounds the sizes above it (``line_bound``): true of XLA's compiled
+    # programs (they rise and level off), set where the framework sized them; not of figures given.
+    rising: bool = False
+    after_round: Callable[[], None] | None = None  # reads the room again after each round of compilations
     compiles: int = 0
     unknown: set[int] = field(default_factory=set)  # sizes the framework could not size
     # Measured peak - predicted - bytes earlier failures left, per run that fit with a measured
@@ -96,7 +132,7 @@ class Scale:
 
     def peaks(self, sizes: list[int]) -> None:
         """Compile each of ``sizes`` not compiled yet, as the budget allows: at once where the
-        framework can (``predict_many``), else one after another."""
+        framework can (``predict_many``), else one after another; then read the room again."""
         todo = [n for n in dict.fromkeys(sizes) if n not in self.memo and n not in self.unknown]
         todo = todo[: max(0, self.budget - self.compiles)]
         if not todo:
@@ -109,14 +145,23 @@ class Scale:
                 self.unknown.add(size)
                 continue
             if isinstance(value, tuple):
-                value, largest = value
-                if largest is not None:
-                    self.largest[size] = int(largest)
+                if len(value) == 3 and value[2]:
+                    self.remat.add(size)
+                if value[1] is not None:
+                    self.largest[size] = int(value[1])
+                value = value[0]
             self.memo[size] = int(value)
+        if self.after_round is not None:
+            self.after_round()  # a compilation may have taken a region from the pool
 
     def squeezed(self, size: int) -> bool:
         """Whether ``size``'s largest buffer is predicted past the room the allocator has now."""
         return self.room is not None and self.largest.get(size, 0) > self.room
+
+    def rematerialized(self, size: int) -> bool:
+        """Whether the compiler rematerialized ``size``'s program, or its predicted peak passes the
+        compiler's limit (it could not bring it under): no size that fits at full speed."""
+        return size in self.remat or (self.remat_limit is not None and self.memo[size] > self.remat_limit)
 
     def _value(self, size: int, allowed: int) -> int:
         """``size``'s predicted peak, raised so that it is over ``allowed`` exactly when its
@@ -126,6 +171,9 @@ class Scale:
         if self.room is None or size not in self.largest or peak >= OVER:
             return peak
         return max(peak, allowed - self.room + self.largest[size])
+
+    def _fits(self, size: int, allowed: int) -> bool:
+        return self._value(size, allowed) <= allowed and not self.rematerialized(size)
 
     # --- what the runs say ---------------------------------------------------------------------
 
@@ -172,7 +220,8 @@ class Scale:
         """One below the smallest compiled size above ``above`` that cannot fit now: predicted past
         the limit, or past what a failure showed the device holds, beside what is in use now (a
         failure's outputs left in use take room from every later run), or with a buffer larger
-        than the allocator can hand out. None when no compiled size is."""
+        than the allocator can hand out, or rematerialized; and no further than the lines through
+        the compiled sizes leave room for (``line_bound``). None when nothing bounds it."""
         # A failure's own bound widens by how much the measured peaks have strayed from the
         # predictions (their spread): kept bytes move it by bytes the predictions may misscale.
         spread = max(b for b, _ in self.besides) - min(b for b, _ in self.besides) if self.besides else 0
@@ -184,113 +233,237 @@ class Scale:
         over = [
             n
             for n, p in self.memo.items()
-            if n > above and (self.squeezed(n) or any(p + self.sure_offset + kept > top for top, kept in tops))
+            if n > above
+            and (
+                self.squeezed(n)
+                or self.rematerialized(n)
+                or any(p + self.sure_offset + kept > top for top, kept in tops)
+            )
         ]
-        return min(over) - 1 if over else None
+        bounds = [min(over) - 1] if over else []
+        if tops:
+            line = self.line_bound(min(top - self.sure_offset - kept for top, kept in tops))
+            bounds += [] if line is None else [line]
+        return min(bounds) if bounds else None
 
-    # --- where the next run goes ------------------------------------------------------------------
+    # --- lines through the compiled sizes ----------------------------------------------------------
 
-    def locate(self, allowed: int, good: int, high: int | None, tolerance: float, most: int) -> int | None:
-        """The largest size above ``good`` and at most ``high`` predicted at most ``allowed`` (and
-        its largest buffer within the room), to within ``tolerance`` of the size (exactly at 0),
-        in at most ``most`` compilations; None when none above ``good`` is. A secant on the
-        compiled sizes, then the smallest size whose prediction would close the bracket, so a
-        near-linear peak takes three."""
+    def _inside(self, allowed: int, good: int, high: int | None) -> tuple[list[int], int | None]:
+        """The compiled sizes from ``good`` up that fit, below the smallest that does not (no size
+        past one known to be too big fits), and that smallest one (None: none)."""
+        over = [n for n in self.memo if n >= good and not self._fits(n, allowed)]
+        out = min(over) if over else None
+        inside = [
+            n
+            for n in sorted(self.memo)
+            if n >= good and (out is None or n < out) and (high is None or n <= high) and self._fits(n, allowed)
+        ]
+        return inside, out
+
+    def _bounds(self, allowed: int, room: int | None) -> list[tuple[dict[int, int], int]]:
+        """Each line and the bytes it may reach: the peaks the limit (and the compiler's own limit),
+        the largest buffers the room."""
+        bounds = [(self.memo, allowed)]
+        if self.remat_limit is not None:
+            bounds.append((self.memo, self.remat_limit))
+        if room is not None and self.largest:
+            bounds.append((self.largest, room))
+        return bounds
+
+    @staticmethod
+    def _below(fitting: list[int], low: int) -> int | None:
+        """The other end of a line from ``low``: the largest fitting size at least 5% under it (XLA's
+        predictions are not smooth from one size to the next, and a short line magnifies their
+        steps), else the largest under it."""
+        under = [n for n in fitting if n < low]
+        far = [n for n in under if n <= 0.95 * low]
+        return max(far) if far else max(under) if under else None
+
+    def line_bound(self, allowed: int) -> int | None:
+        """The largest size the compiled sizes leave room for, where the bytes per sample do not
+        fall with the size (XLA's rise and level off): the largest buffer's line from zero through
+        the largest compiled size that fits (where that buffer grew with the size: the temporaries)
+        to the room, and the peaks' line through it at the bytes per sample it adds over the
+        smallest compiled size, to the limit and the compiler's own limit; each ``SLACK`` less
+        steep. None without two compiled sizes that fit, or where the bytes per sample may fall
+        (``rising``)."""
+        fitting, _ = self._inside(allowed, 0, None)
+        if len(fitting) < 2 or not self.rising:
+            return None
+        low, first = fitting[-1], min(self.memo)
+        slopes = [
+            (self.memo, top, (self.memo[low] - self.memo[first]) / low) for line, top in self._bounds(allowed, None)
+        ]
+        grew = self.largest.get(low, 0) > self.largest.get(first, 0)
+        if self.room is not None and grew:
+            slopes.append((self.largest, self.room, self.largest[low] / low))
+        crossings = [
+            low + (top - line[low]) / (slope * (1 - SLACK))
+            for line, top, slope in slopes
+            if slope > 0 and top >= line[low]
+        ]
+        return math.floor(min(crossings)) if crossings else None
+
+    def _crossing(self, low: int, fitting: list[int], allowed: int, room: int | None) -> int | None:
+        """Where the lines from ``low`` cross their bounds, the nearest: each line through ``low``
+        and the size ``_below`` it; from ``low`` alone, the peaks' from what the step holds at size
+        0 and the largest buffers' from zero. At most ``REACH`` times ``low``; None where no line rises."""
+        other = self._below(fitting, low)
+        held = None if self.held is None else self.held - self.offset  # on the predicted scale
+        crossings = []
+        for line, top in self._bounds(allowed, room):
+            if low not in line:
+                continue
+            if other is not None and other in line:
+                slope = (line[low] - line[other]) / (low - other)
+            elif line is self.memo:
+                slope = (line[low] - held) / low if held is not None else 0.0
+            else:
+                slope = line[low] / low
+            if slope > 0:
+                crossings.append(low + max(0, top - line[low]) / slope)
+        return None if not crossings else math.floor(min(min(crossings), REACH * low))
+
+    def _settled(self, size: int, allowed: int) -> bool:
+        """Whether ``size``'s bytes per sample have levelled off (``SETTLED``): its predicted peak
+        grew that share of the way from the smallest compiled size's (from what the step holds at
+        size 0, for that size itself) to the limit, or its largest buffer, grown with the size, is
+        that share of the room."""
+        first = min(self.memo)
+        base: int | None = self.memo[first]
+        if size == first:
+            base = None if self.held is None else self.held - self.offset
+        if base is not None and allowed > base and self.memo[size] - base >= SETTLED * (allowed - base):
+            return True
+        grown = self.largest.get(size, 0) > self.largest.get(first, 0) or size == first
+        return self.room is not None and grown and self.largest.get(size, 0) >= SETTLED * self.room
+
+    def remat_onset(self) -> int | None:
+        """About where the compiler would begin to rematerialize: where the peaks' line through the
+        two largest sizes compiled without it passes the compiler's limit. None without that limit
+        or such a line."""
+        clean = sorted(n for n in self.memo if not self.rematerialized(n) and self.memo[n] < OVER)
+        if self.remat_limit is None or len(clean) < 2:
+            return None
+        low = clean[-1]
+        other = self._below(clean, low)
+        assert other is not None
+        slope = (self.memo[low] - self.memo[other]) / (low - other)
+        return None if slope <= 0 else low + math.floor((self.remat_limit - self.memo[low]) / slope)
+
+    def _straight(self, fitting: list[int]) -> bool:
+        """Whether the peaks of the three largest compiled sizes that fit lie on one line (the
+        slopes either side of the middle one within a tenth of each other): bytes per sample that
+        no longer rise, so a line through them overshoots nothing, however small the sizes."""
+        if len(fitting) < 3:
+            return False
+        a, b, c = fitting[-3:]
+        before = (self.memo[b] - self.memo[a]) / (b - a)
+        after = (self.memo[c] - self.memo[b]) / (c - b)
+        return after > 0 and abs(after - before) <= 0.1 * after
+
+    # --- where the next compilation goes -----------------------------------------------------------
+
+    def locate(
+        self, allowed: int | Callable[[], int], good: int, high: int | None, margin: float, most: int
+    ) -> int | None:
+        """The largest compiled size above ``good`` and at most ``high`` predicted to fit (at most
+        ``allowed``, its largest buffer within the room, not rematerialized), placed until the
+        answer is within ``margin`` of it (below the smallest compiled size that does not fit, or
+        ``line_bound``), in at most ``most`` compilations; None when none above ``good`` fits.
+        ``allowed`` may be read again after each compilation (a callable): they may take from the pool."""
         low: int | None = None
         brackets: list[tuple[int, int]] = []  # (largest fitting, smallest not) after each round
+        given = allowed
         for attempt in range(most + 1):
-            values = {n: self._value(n, allowed) for n in self.memo}
-            inside = [n for n, v in values.items() if v <= allowed and n >= good and (high is None or n <= high)]
+            cap = given() if callable(given) else given
+            inside, out = self._inside(cap, good, high)
             if not inside:
                 return None
-            low = max(inside)
-            above = [n for n, v in values.items() if n > low and v > allowed]
-            out = min(above) if above else None
+            low = inside[-1]
             ends = [x for x in (None if out is None else out - 1, high) if x is not None]
             top = min(ends) if ends else None
-            if attempt == most or (top is not None and low >= (1 - tolerance) * top):
+            line = self.line_bound(cap)
+            known = [x for x in (top, line) if x is not None]
+            if attempt == most or (known and low >= (1 - margin) * min(known)):
                 break
-            size, also = self._candidate(values, allowed, low, out, tolerance)
+            size, also = self._candidate(cap, low, out, margin)
             brackets += [] if out is None else [(low, out)]
-            # The size that closes the bracket is exempt: it ends the placement if it misses.
-            if out is not None and size > closing(low, tolerance) and stalled(brackets, linear=True):
-                # A flat stretch (XLA rematerializes) or a bend drags the line's crossing just
-                # under the last size that missed, round after round: halve the bracket instead.
-                size, also = max(closing(low, tolerance), split(low, out - 1, linear=True)), []
+            # The size that ends the bracket is exempt: it ends the placement if it misses.
+            if out is not None and size > closing(low, margin) and stalled(brackets, linear=True):
+                # A flat stretch or a bend drags a line's crossing just under the last size that
+                # missed, round after round: halve the bracket instead.
+                size, also = max(closing(low, margin), split(low, out - 1, linear=True)), []
             if top is not None:
                 size = min(size, top)
             if size <= low:
                 break
-            # Rounds wider than one compile the size placed with the one that would tell the most
-            # beside it (``_candidate``): one round can both place and close the bracket.
-            beside = [n for n in also if n > size and (top is None or n <= top)][: self.width - 1]
+            beside = [n for n in also if n != size and low < n and (top is None or n <= top)][: self.width - 1]
             self.peaks([size, *beside])
             if size not in self.memo:
                 break
         return low if low is not None and low > good else None
 
-    def _candidate(
-        self, values: dict[int, int], allowed: int, low: int, out: int | None, tolerance: float
-    ) -> tuple[int, list[int]]:
-        """The next size to compile, at least the smallest one that would close the bracket, and
-        the sizes worth compiling beside it: inside a bracket, where the line through its ends
-        crosses ``allowed`` (regula falsi); past every compiled size, where the first of the
-        lines through ``low`` and the compiled size predicted nearest ``allowed`` crosses its
-        bound: the peaks ``allowed``, the largest buffers the room (growing at most ``REACH``
-        times a step). A line's size comes a little under its crossing, with the size that
-        closes the bracket if it fits beside it; from ``low`` alone, see ``_first_reach``."""
-        close = closing(low, tolerance)
-        at_low = values[low]
+    def _candidate(self, allowed: int, low: int, out: int | None, margin: float) -> tuple[int, list[int]]:
+        """The next size to compile, and any to compile beside it (see ``width``). Inside a bracket
+        (``out`` did not fit): where the line through its ends crosses (regula falsi), or where the
+        lines from below do when ``out`` was rematerialized (its flattened peak is on no line).
+        Above every compiled size: from sizes that have not levelled off, one more small size (from
+        the start alone) or a quarter of the lines' crossing (``OVERSHOOT``); from levelled-off ones,
+        a little under the crossing, first under the room a compilation may leave (``room_after``)."""
+        inside, _ = self._inside(allowed, 0, None)
+        fitting = [n for n in inside if n <= low]
+        close = closing(low, margin / 2)
         if out is not None:
-            at_out = values[out]
-            if at_out >= OVER:
-                return max(close, (low + out) // 2), []
-            guess = low + (allowed - at_low) * (out - low) / (at_out - at_low)
-            # Aim a little under the crossing, so that the size most likely fits and the closing
-            # size above it ends the bracket: a secant from a far end of a bent line lands just
-            # past the crossing again and again (seen on a GPU: three compilations 0.4% apart).
-            fits_closes = math.ceil((1 - tolerance) * (out - 1))
-            aim = fits_closes if guess >= fits_closes else guess * (1 - tolerance / 2)
-            size = max(close, min(math.floor(aim), out - 1))
-            return size, [closing(size, tolerance)]
-        # The line's other end at least twice the tolerance under ``low``: XLA's predictions are
-        # not smooth from one size to the next, and a short line would magnify their steps.
-        others = [(abs(v - allowed), n) for n, v in values.items() if n < (1 - 2 * tolerance) * low and v < OVER]
-        others = others or [(abs(v - allowed), n) for n, v in values.items() if n != low and v < OVER]
-        if not others:
-            size, also = self._first_reach(low, allowed)
-            return max(close, size), also
-        n = min(others)[1]
-        # Each bound on its own line: the raised value is flat where a constant buffer (a
-        # parameter) is the largest at small sizes, and its line would cross far past both.
-        lines = [(self.memo, allowed)]
-        if self.room is not None and low in self.largest and n in self.largest:
-            lines.append((self.largest, self.room))
-        slopes = [(line, top, (line[n] - line[low]) / (n - low)) for line, top in lines]
-        crossings = [low + (top - line[low]) / slope for line, top, slope in slopes if slope > 0]
-        if not crossings:
+            return self._in_bracket(allowed, low, out, fitting, margin)
+        settled = self._settled(low, allowed) or self._straight(fitting)
+        room = self.room
+        pessimistic = settled and not self.probed and self.room_after is not None and room is not None
+        if pessimistic and room is not None and self.room_after is not None:
+            room = min(room, self.room_after)
+        crossing = self._crossing(low, fitting, allowed, room)
+        if pessimistic and (crossing is None or crossing * (1 - margin / 4) <= close):
+            # The room a compilation may leave holds nothing above ``low``: hold to the room there is.
+            room, pessimistic = self.room, False
+            crossing = self._crossing(low, fitting, allowed, room)
+        if crossing is None:
             return max(close, GROWTH * low), []
-        crossing = min(min(crossings), REACH * low)
-        size = max(close, math.floor(crossing * (1 - tolerance / 2)))
-        return size, [closing(size, tolerance)]
+        if not settled:
+            if len(fitting) == 1:
+                return max(close, self._first_small(low, allowed)), []
+            return max(close, math.floor(crossing / OVERSHOOT)), []
+        self.probed = True
+        size = max(close, math.floor(crossing * (1 - margin / 4)))
+        hedge = [math.ceil((1 - margin) * (size - 1))] if self.width > 1 and self.room_after is None else []
+        return size, hedge
 
-    def _first_reach(self, low: int, allowed: int) -> tuple[int, list[int]]:
-        """Where to compile next from one compiled size, and beside it: where the nearer of two
-        lines crosses its bound, the peaks' from what the step holds at size 0 (steeper than
-        the step's own where buffers held at every size add to ``low``'s peak) and the largest
-        buffers' from zero (a buffer held at every size, a parameter, makes it steeper too; yet
-        where XLA sizes its temporaries differently at small sizes it is flatter: seen on an
-        H200, 54 MiB at 2 and 121.6 MB a sample from 24 on). The nearer one lands under the
-        answer where both hold; twice it, or the farther crossing if nearer, comes beside it,
-        so the next line runs between two sizes past the small-size effects. ``GROWTH`` times
-        ``low`` where neither line rises."""
-        crossings = []
-        held = None if self.held is None else self.held - self.offset  # on the predicted scale
+    def _first_small(self, low: int, allowed: int) -> int:
+        """From the start alone, whose bytes per sample have not levelled off: the nearer of the
+        line from what the step holds at size 0 through the start (its outputs and fixed costs make
+        it steep: it lands under the answer) and a quarter of the largest buffers' line from zero.
+        ``GROWTH`` times ``low`` where neither rises."""
+        sizes = []
+        held = None if self.held is None else self.held - self.offset
         if held is not None and self.memo[low] > held:
-            crossings.append(low * (allowed - held) / (self.memo[low] - held))
+            sizes.append(low * (allowed - held) / (self.memo[low] - held))
         if self.room is not None and self.largest.get(low, 0) > 0:
-            crossings.append(low * self.room / self.largest[low])
-        if not crossings:
-            return GROWTH * low, []
-        near, far = (min(math.floor(c), REACH * low) for c in (min(crossings), max(crossings)))
-        return near, [min(2 * near, far)] if far > near else []
+            sizes.append(low * self.room / self.largest[low] / OVERSHOOT)
+        return math.floor(min(min(sizes), REACH * low)) if sizes else GROWTH * low
+
+    def _in_bracket(self, allowed: int, low: int, out: int, fitting: list[int], margin: float) -> tuple[int, list[int]]:
+        """The next size inside ``(low, out)``: aimed a little under the crossing so that it most
+        likely fits, or at the smallest size that ends the search if it fits where the crossing
+        lies within the margin of ``out``."""
+        ends_it = max(low + 1, math.ceil((1 - margin) * (out - 1)))
+        at_out = self.memo[out]
+        if self.rematerialized(out) or at_out >= OVER:
+            # A flattened or unknown peak lies on no line: the lines from below, under ``out``.
+            crossing = self._crossing(low, fitting, allowed, self.room)
+            guess = float(out - 1) if crossing is None else float(min(crossing, out - 1))
+            if at_out >= OVER and crossing is None:
+                guess = (low + out) / 2
+        else:
+            at_low, at_high = self._value(low, allowed), self._value(out, allowed)
+            guess = low + (allowed - at_low) * (out - low) / max(at_high - at_low, 1)
+        aim = ends_it if guess >= ends_it else guess * (1 - margin / 4)
+        return max(closing(low, margin / 2), min(math.floor(aim), out - 1)), []

@@ -1,0 +1,255 @@
+"""``find_batch_size(lower=...)`` against compilers that rematerialize, in few compilations.
+
+Past its limit XLA rematerializes a step (it recomputes values to fit, and runs slower): the
+peaks of those programs flatten and read as if they fit. The search takes a size whose compiled
+program was rematerialized as beyond the answer, compiles nothing past the smallest such size,
+and says in its notes where rematerialization begins. It places the answer in few
+compilations: on the three curves an H200 measured (``compilers.MEASURED``, replayed with the
+pool XLA's allocator grows and its autotuning's regions), at most five with the start's, none
+above 1.5 times the answer, and within the margin of the largest size that runs at full speed
+in the process as the search left it. Everything here is simulated (``compilers``): nothing
+imports a framework, and time is a simulated clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import pytest
+from compilers import FLAX_MLP, JAX_MLP, MEASURED, Compiler, Device, Simulated, install
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from unimem.backends.jax.search import JaxSearch
+
+import unimem
+from unimem import registry
+
+MARGIN = 0.05
+
+
+@pytest.fixture
+def simulated(monkeypatch: pytest.MonkeyPatch) -> Simulated:
+    return install(monkeypatch)
+
+
+@dataclasses.dataclass
+class Outcome:
+    found: unimem.BatchSizeSearch
+    device: Device
+    compiled: list[int]  # every size compiled from the start's on, the step's own compilations included
+    seconds: float  # the search's, on the simulated clock
+    largest: int  # the largest size that runs at full speed in the process as the search left it
+
+
+def search(simulated: Simulated, compiler: Compiler, start: int | None = None, **kwargs: Any) -> Outcome:
+    """Warm up at the start (as a training script does: it compiles and runs it), then search."""
+    device = Device(compiler, **kwargs)
+    simulated.device = device
+    start = start or compiler.start
+    device.step(start)
+    device.calls.clear()
+    first, began = len(device.compilations) - 1, device.clock
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", unimem.UnimemWarning)
+        found = unimem.find_batch_size(device.step, start=start, backend="jax", lower=device.lower, return_trials=True)
+    seconds = device.clock - began
+    return Outcome(found, device, device.compilations[first:], seconds, device.largest())
+
+
+def check(outcome: Outcome) -> None:
+    """What every search with predictions must show, by the simulated device's own count."""
+    found, device = outcome.found, outcome.device
+    assert [n for n, _ in device.calls] == [t.batch_size for t in found.trials + found.confirmations], str(found)
+    assert not any(device.compiler.rematerialized(n) for n, _ in device.calls), str(found)  # none ran slower
+    assert found.batch_size in {n for n, ok in device.calls if ok}, str(found)
+    remat = [i for i, n in enumerate(outcome.compiled) if device.compiler.rematerialized(n)]
+    if remat:  # nothing compiled past a size known to be rematerialized
+        first = outcome.compiled[remat[0]]
+        assert all(n < first for n in outcome.compiled[remat[0] + 1 :]), outcome.compiled
+
+
+@pytest.mark.parametrize("compiler", MEASURED, ids=[c.name for c in MEASURED])
+def test_the_measured_curves_take_five_compilations_none_far_past_the_answer(
+    simulated: Simulated, compiler: Compiler
+) -> None:
+    # As the H200 measured them: the temporaries per sample rise with the size and level off (a
+    # line from small sizes overshoots two to four times), each compilation autotunes on real
+    # buffers and may take a region from the pool, a compilation costs its measured seconds.
+    outcome = search(simulated, compiler)
+    found, device = outcome.found, outcome.device
+    check(outcome)
+    assert found.converged and found.failed_calls == 0, str(found)
+    assert len(outcome.compiled) <= 5 and found.compile_calls <= 5, outcome.compiled  # the start's included
+    assert max(outcome.compiled) <= 1.5 * found.batch_size, (outcome.compiled, found.batch_size)
+    assert found.batch_size >= (1 - MARGIN) * outcome.largest, (found.batch_size, outcome.largest)
+    assert outcome.seconds <= 4 * compiler.compile_seconds(found.batch_size) + 10, outcome.seconds
+    # Ten steps at the answer run in the process that searched, without a compilation more.
+    compiled = len(device.compilations)
+    for _ in range(10):
+        device.step(found.batch_size)
+    assert all(ok for _, ok in device.calls[-10:]) and len(device.compilations) == compiled
+    # The notes say where the compiler would begin to rematerialize.
+    note = next(n for n in found.notes if "rematerialize" in n)
+    assert f"the largest: {max(outcome.compiled)}" in note, found.notes
+
+
+@pytest.mark.parametrize("compiler", [FLAX_MLP, JAX_MLP], ids=["flax-mlp", "jax-mlp"])
+def test_a_limit_set_by_rematerialization_is_found_without_running_a_rematerialized_size(
+    simulated: Simulated, compiler: Compiler
+) -> None:
+    # No region taken by a compilation: the room no longer binds, XLA's limit does. Its own estimate
+    # of a program's peak runs 2% over the buffer assignment's, so it rematerializes a little before
+    # the predicted onset: the first size placed there is rematerialized, and the answer lies under it.
+    outcome = search(simulated, dataclasses.replace(compiler, tracker=1.02), autotune=0.0)
+    found = outcome.found
+    check(outcome)
+    assert found.converged and found.failed_calls == 0, str(found)
+    assert found.batch_size >= (1 - MARGIN) * outcome.largest, (found.batch_size, outcome.largest)
+    assert max(outcome.compiled) <= 1.5 * found.batch_size, (outcome.compiled, found.batch_size)
+    assert len(outcome.compiled) <= 6, outcome.compiled
+    remat = sorted(n for n in outcome.compiled if outcome.device.compiler.rematerialized(n))
+    clean = sorted(n for n in outcome.compiled if n < remat[0])
+    note = next(n for n in found.notes if "rematerializes the step from" in n)
+    assert f"from batch size {remat[0]}" in note and f"without it: {clean[-1]}" in note, found.notes
+
+
+@pytest.mark.parametrize("autotune", [0.22, 0.4])
+def test_the_whole_gpu_flax_mlp_without_lower_takes_six_calls_and_two_failures(
+    simulated: Simulated, autotune: float
+) -> None:
+    # Measured peaks only, on the whole H200 with growth on, where a failure costs 18 s: each call's
+    # compilation and temporaries take regions that stay, so the cap is no capacity. After the first
+    # failure the room left is read again; once a size took about all of it, the closing size ends it.
+    device = Device(FLAX_MLP, autotune=autotune)
+    simulated.device = device
+    device.step(FLAX_MLP.start)
+    device.calls.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", unimem.UnimemWarning)
+        found = unimem.find_batch_size(device.step, start=FLAX_MLP.start, backend="jax", return_trials=True)
+    assert len(device.calls) <= 6 and sum(not ok for _, ok in device.calls) <= 2, str(found)
+    assert found.converged and found.batch_size in {n for n, ok in device.calls if ok}, str(found)
+    assert found.batch_size >= (1 - MARGIN) * device.largest(), (str(found), device.largest())
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    per_sample=st.integers(4 << 10, 4 << 20),
+    rise=st.floats(1.0, 4.0),
+    knee=st.integers(4, 50_000),
+    held_share=st.floats(0.01, 0.3),
+    tracker=st.floats(1.0, 1.02),
+    start=st.sampled_from([1, 2, 8, 64]),
+)
+def test_random_compilers_never_run_a_rematerialized_size(
+    simulated: Simulated, per_sample: int, rise: float, knee: int, held_share: float, tracker: float, start: int
+) -> None:
+    # Temporaries per sample rising ``rise`` times to level off past ``knee``, a limit of 8 GiB,
+    # parameters and optimizer state a share of it, XLA rematerializing past 95% of it; no region
+    # taken by a compilation (each is then only a matter of time).
+    limit = 8 << 30
+    held = int(held_share * limit)
+    curve = tuple((n, per_sample / rise ** max(0.0, 1 - n / knee)) for n in sorted({1, knee // 2 or 1, knee, 4 * knee}))
+    compiler = Compiler(
+        "random", curve, ((1, 1.0), (1 << 20, 10.0)), args0=held, args_per_sample=per_sample // 16, outputs=held,
+        held=held, limit=limit, pool=held + (64 << 20), block=64 << 20, autotune=0.0, start=start,
+        parameter=held // 8, tracker=tracker,
+    )  # fmt: skip
+    if compiler.peak(start) > limit or compiler.rematerialized(start):
+        return
+    outcome = search(simulated, compiler)
+    check(outcome)
+    assert outcome.found.failed_calls == 0, str(outcome.found)
+    assert outcome.found.batch_size >= (1 - MARGIN) * outcome.largest, (outcome.found, outcome.largest)
+
+
+def test_lower_may_say_itself_whether_the_compiler_rematerialized(simulated: Simulated) -> None:
+    # (peak, largest buffer, rematerialized) from lower(): the third is honoured as the framework's
+    # own answer would be; anything but True or False there is a ConfigError naming lower.
+    device = Device(dataclasses.replace(JAX_MLP, autotune=0.0))
+    simulated.device = device
+    device.step(64)
+    c = device.compiler
+
+    def lower(n: int) -> tuple[int, int, bool]:
+        return c.peak(n), c.temp(n), n >= 30_000  # rematerialized from 30000 on, whatever the peaks say
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", unimem.UnimemWarning)
+        found = unimem.find_batch_size(device.step, start=64, backend="jax", lower=lower, return_trials=True)
+    assert found.batch_size < 30_000 and all(n < 30_000 for n, _ in device.calls), str(found)
+    assert found.batch_size >= (1 - MARGIN) * 29_999 and found.converged, str(found)
+    assert any("rematerializes the step from batch size" in n for n in found.notes), found.notes
+    calls = len(device.calls)
+    with pytest.raises(unimem.ConfigError) as raised:
+        unimem.find_batch_size(device.step, start=64, backend="jax", lower=lambda n: (c.peak(n), c.temp(n), "no"))
+    assert raised.value.parameter == "lower" and "True or False" in str(raised.value)
+    assert len(device.calls) == calls  # refused before any call of the step
+
+
+class _Compiled:
+    """A compiled program as JAX gives it (``memory_analysis``, ``as_text``), with the text given."""
+
+    def __init__(self, text: str | None) -> None:
+        self.text = text
+
+    def memory_analysis(self) -> None:
+        return None
+
+    def as_text(self) -> str | None:
+        return self.text
+
+
+def test_jax_reads_rematerialization_from_the_names_xla_gives_its_clones() -> None:
+    search = JaxSearch(registry.get_backend("jax"))
+    clean = (
+        "HloModule jit_train\n\nENTRY %main {\n  %p0 = f32[8]{0} parameter(0)\n  ROOT %neg = f32[8]{0} negate(%p0)\n}"
+    )
+    assert search.predict_rematerialized(_Compiled(clean)) is False
+    for name in ("%multiply.remat", "multiply.remat2", "ROOT gte.remat.1", "%fusion.3.remat_compressed"):
+        text = clean.replace("  ROOT %neg", f"  {name} = f32[8]{{0}} multiply(%p0, %p0)\n  ROOT %neg")
+        assert search.predict_rematerialized(_Compiled(text)) is True, name
+    # A user's function named so appears in metadata and file tables, never as an instruction.
+    named = clean.replace("negate(%p0)", 'negate(%p0), metadata={op_name="jit(train)/my.remat/neg"}')
+    assert search.predict_rematerialized(_Compiled(named + '\nFunctionNames\n1 "block.remat"')) is False
+    assert search.predict_rematerialized(_Compiled(None)) is None
+    assert search.remat_share == 0.95
+
+
+def test_jax_room_after_a_region_and_in_a_pool_grown_to_its_limit() -> None:
+    # With growth on, the next region is about as large as the pool so far; a pool at its limit
+    # (preallocated) takes none.
+    search = JaxSearch(registry.get_backend("jax"))
+    GiB = 1 << 30
+
+    def pool(reserved: int, block: int) -> unimem.MemoryStats:
+        return unimem.MemoryStats(
+            "jax", 0, allocated=GiB // 2, reserved=reserved, limit=8 * GiB, largest_free_block=block
+        )
+
+    assert search.search_room_after_region(pool(2 * GiB, GiB // 2)) == 4 * GiB
+    assert search.search_room_after_region(pool(3 * GiB, 2 * GiB)) == 2 * GiB
+    assert search.search_room_after_region(pool(8 * GiB, 7 * GiB)) is None
+    assert search.search_room_after_region(unimem.MemoryStats("jax", 0, limit=8 * GiB)) is None
+    # A pool grown to its limit has no room under it: one buffer gets its largest free block.
+    assert search.search_capacity(pool(8 * GiB, 3 * GiB)) == GiB // 2 + 3 * GiB
+
+
+@pytest.mark.slow
+@pytest.mark.covers("jax:batch_size")
+def test_a_real_compiled_step_reads_as_not_rematerialized(need: Any, pyjson: Any) -> None:
+    need("jax")
+    r = pyjson(
+        """
+        import jax, jax.numpy as jnp
+        from unimem import registry
+        f = jax.jit(jax.grad(lambda w, x: (jnp.tanh(x @ w) @ w.T).sum()))
+        lowered = f.lower(jnp.ones((256, 256)), jax.ShapeDtypeStruct((64, 256), jnp.float32))
+        search = registry.get_backend("jax").search
+        remat = search.predict_rematerialized
+        emit({"lowered": remat(lowered), "compiled": remat(lowered.compile())})
+        """
+    )
+    assert r == {"lowered": False, "compiled": False}
