@@ -42,17 +42,27 @@ function thinLine(times, values, buckets, lo = 0, hi = times.length) {
   for (let bucket = 1; bucket <= buckets; bucket++) {
     const end = bucket === buckets ? hi : bisectLeft(times, first + bucket * width, start, hi);
     let run = start; // the first point of the run between gaps being read
-    let low = -1;
+    let low = -1; // the first lowest and the first highest point of the run, as list.index(min(...))
     let high = -1;
-    for (let i = start; i <= end; i++) {
-      const y = i < end ? values[i] : NaN;
+    let lowest = 0;
+    let highest = 0;
+    for (let i = start; i < end; i++) {
+      const y = values[i];
       if (y === y) {
-        if (low < 0 || y < values[low]) low = i; // the first lowest, as list.index(min(...))
-        if (high < 0 || y > values[high]) high = i;
+        if (low < 0) {
+          low = high = i;
+          lowest = highest = y;
+        } else if (y < lowest) {
+          low = i;
+          lowest = y;
+        } else if (y > highest) {
+          high = i;
+          highest = y;
+        }
         continue;
       }
       if (i > run) keepRun(times, values, run, low, high, i - 1, outT, outV);
-      if (i < end && (outV.length === 0 || outV[outV.length - 1] === outV[outV.length - 1])) {
+      if (outV.length === 0 || outV[outV.length - 1] === outV[outV.length - 1]) {
         outT.push(times[i]); // a run of gaps is one break
         outV.push(NaN);
       }
@@ -60,17 +70,29 @@ function thinLine(times, values, buckets, lo = 0, hi = times.length) {
       low = -1;
       high = -1;
     }
+    if (end > run) keepRun(times, values, run, low, high, end - 1, outT, outV);
     start = end;
   }
   return { t: outT, v: outV };
 }
 
-// The points sorted({first, low, high, last}) of one run between gaps.
+// The points sorted({first, low, high, last}) of one run between gaps (first <= low, high <= last).
 function keepRun(times, values, first, low, high, last, outT, outV) {
-  const kept = [...new Set([first, low, high, last])].sort((a, b) => a - b);
-  for (const index of kept) {
-    outT.push(times[index]);
-    outV.push(values[index]);
+  const a = Math.min(low, high);
+  const b = Math.max(low, high);
+  outT.push(times[first]);
+  outV.push(values[first]);
+  if (a > first) {
+    outT.push(times[a]);
+    outV.push(values[a]);
+  }
+  if (b > a) {
+    outT.push(times[b]);
+    outV.push(values[b]);
+  }
+  if (last > b) {
+    outT.push(times[last]);
+    outV.push(values[last]);
   }
 }
 
