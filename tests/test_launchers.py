@@ -157,6 +157,7 @@ emit({"rank": rank, "info": [me.rank, me.world_size, me.launcher], "jax": in_for
 """
 
 
+@pytest.mark.slow
 def test_calls_add_up_in_a_jax_multiprocess_runtime():
     """Two JAX processes of one job (``jax.distributed``): one process per host owns its devices."""
     port = str(free_port())
@@ -218,12 +219,14 @@ def _each_rank_configured(workers: dict[int, dict]) -> None:
         assert f"this rank pinned to device {rank}" in worker["table"]
 
 
+@pytest.mark.slow
 def test_unimem_run_around_torchrun_with_configure_in_the_script(tmp_path):
     (tmp_path / "script.py").write_text(_SCRIPT)
     command = [sys.executable, "-m", "unimem", "run", "--fraction", "0.5", "--", *_torchrun(), "script.py"]
     _each_rank_configured(_launch(command, tmp_path))
 
 
+@pytest.mark.slow
 def test_torchrun_around_unimem_run_with_configure_in_the_script(tmp_path):
     (tmp_path / "script.py").write_text(_SCRIPT)
     inner = ["-m", "unimem", "run", "--fraction", "0.5", "--", sys.executable, "script.py"]

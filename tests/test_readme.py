@@ -171,9 +171,10 @@ def block_runs(request: pytest.FixtureRequest, py: Any, tmp_path_factory: pytest
     return runs
 
 
+# A block that imports a framework runs in the slow set: each is a process spent mostly importing it.
 @pytest.mark.parametrize(
     "path, block",
-    BLOCKS,
+    [pytest.param(path, b, marks=[pytest.mark.slow] if frameworks_in(b.code) else []) for path, b in BLOCKS],
     ids=[f"{b.name}-{b.precision}" if b.precision else b.name for _, b in BLOCKS],
 )
 def test_documented_block_runs(

@@ -119,6 +119,7 @@ def test_cap_before_import_is_a_post_import_hook(cap):
     "tensorflow:limit",
     "tensorflow:fraction",
 )
+@pytest.mark.slow
 def test_after_import_on_cpu_api_settings_are_skipped_with_a_note(pyjson):
     out = pyjson(
         """
@@ -173,6 +174,7 @@ def test_after_import_on_cpu_api_settings_are_skipped_with_a_note(pyjson):
 
 
 @pytest.mark.covers("tensorflow:growth")
+@pytest.mark.slow
 def test_growth_set_before_import_is_what_tf_starts_with(pyjson):
     out = pyjson(
         """

@@ -172,6 +172,7 @@ def test_compare_table_in_an_80_column_pipe_keeps_every_row_on_one_line() -> Non
     assert len(failed) == 1 and failed[0].endswith("e" * 150)
 
 
+@pytest.mark.slow
 def test_compare_run_in_an_80_column_pipe_prints_whole_rows(need: Callable[[str], None]) -> None:
     need("torch")
     args = ["compare", "--size", "small", "--steps", "1", "-f", "torch", "-w", "mlp", "-c", "default"]

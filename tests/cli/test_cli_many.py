@@ -156,6 +156,7 @@ def rank_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return [folder / "memory.rank0.json", folder / "memory.rank1.json"]
 
 
+@pytest.mark.slow
 def test_plot_of_two_ranks_writes_one_png_naming_both(rank_files: list[Path], tmp_path: Path) -> None:
     target = tmp_path / "all.png"
     proc = run_cli("plot", *map(str, rank_files), "-o", str(target), "--json")

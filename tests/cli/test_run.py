@@ -36,6 +36,7 @@ def _result(proc: subprocess.CompletedProcess[str]) -> dict:
 
 
 @pytest.mark.covers("jax:fraction", "jax:growth")
+@pytest.mark.slow
 def test_jax_script_sees_settings_when_it_starts(tmp_path: Path) -> None:
     script = _script(
         tmp_path,
@@ -57,6 +58,7 @@ def test_jax_script_sees_settings_when_it_starts(tmp_path: Path) -> None:
 
 
 @pytest.mark.covers("torch:fraction")
+@pytest.mark.slow
 def test_torch_cap_is_made_by_the_startup_hook_at_cuda_init(tmp_path: Path) -> None:
     # The script never mentions unimem. On the CPU, CUDA never starts, so what can be
     # shown is the wiring: after `import torch` the cap waits in torch's lazy-init queue.
@@ -82,6 +84,7 @@ def test_torch_cap_is_made_by_the_startup_hook_at_cuda_init(tmp_path: Path) -> N
 
 
 @pytest.mark.covers("tensorflow:growth", "tensorflow:allocator.async")
+@pytest.mark.slow
 def test_tensorflow_script_sees_growth_and_allocator(tmp_path: Path) -> None:
     script = _script(
         tmp_path,
@@ -147,6 +150,7 @@ def test_missing_command_is_127(tmp_path: Path) -> None:
     assert "not found" in proc.stderr
 
 
+@pytest.mark.slow
 def test_unimem_warnings_print_as_one_line_without_unimems_source_line(
     tmp_path: Path, need: Callable[[str], None]
 ) -> None:
@@ -173,6 +177,7 @@ def test_unimem_warnings_print_as_one_line_without_unimems_source_line(
     assert any(line.endswith("UserWarning: a warning of the script's own") for line in lines), proc.stderr
 
 
+@pytest.mark.slow
 def test_a_script_that_does_not_use_jax_hears_nothing_of_jax(tmp_path: Path, need: Callable[[str], None]) -> None:
     """Settings given to every installed framework speak of one only once the script imports it."""
     need("jax")

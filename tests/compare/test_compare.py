@@ -17,6 +17,7 @@ from tests.conftest import required_frameworks, subprocess_env
 from unimem.compare import harness as compare_module
 
 
+@pytest.mark.slow
 def test_compare_runs_every_framework_with_the_same_model(tmp_path: Path) -> None:
     # The required frameworks whose adapter runs the reference workloads (cupy's does not).
     frameworks = [name for name in required_frameworks() if name in compare_module._runners()]
@@ -99,6 +100,7 @@ def test_parameter_shapes_are_shared_by_every_framework() -> None:
 # --- every configuration after the same warm-up ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_remat_and_default_are_measured_after_the_same_imports(need: Callable[[str], None]) -> None:
     # torch's first checkpointed call imports torch._dynamo and sympy (tens of MiB of host memory):
     # measured only in the remat row, it read as remat costing more memory than no saver at all.

@@ -175,6 +175,7 @@ _OOM_TYPES = {
 
 
 @pytest.mark.covers("torch:oom", "jax:oom", "tensorflow:oom")
+@pytest.mark.slow
 def test_real_oom_of_each_framework_is_recognised(real: tuple[str, dict[str, Any]]) -> None:
     framework, run = real
     assert run["oom_type"] == _OOM_TYPES[framework]

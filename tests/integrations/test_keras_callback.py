@@ -36,6 +36,7 @@ FIT = """
 
 
 @pytest.mark.parametrize("keras_backend", ["tensorflow", "jax", "torch"])
+@pytest.mark.slow
 def test_callback_records_memory_per_batch_and_epoch(
     keras_backend: str, tmp_path: Path, pyjson: Any, need: Any
 ) -> None:
@@ -60,6 +61,7 @@ def test_callback_records_memory_per_batch_and_epoch(
     assert result["same_class"] is True  # unimem.keras_callback re-exports unimem.integrations.keras
 
 
+@pytest.mark.slow
 def test_epoch_only_callback_keeps_async_dispatch(tmp_path: Path, pyjson: Any, need: Any) -> None:
     need("jax")
     result = pyjson(FIT.format(per_batch=False, png=str(tmp_path / "e.png")), env={"KERAS_BACKEND": "jax"}, timeout=300)

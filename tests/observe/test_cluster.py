@@ -70,6 +70,7 @@ def torch_run():
     return {r["rank"]: r for r in results}
 
 
+@pytest.mark.slow
 def test_every_rank_reads_its_node_and_local_rank(torch_run):
     for rank, result in torch_run.items():
         assert result["info"] == [rank, 4, rank % 2, rank // 2, "torchrun"]
@@ -133,6 +134,7 @@ emit(out)
 
 
 @pytest.mark.covers("jax:ranks.cluster")
+@pytest.mark.slow
 def test_jax_multiprocess_runtime_gathers_and_a_lone_rank_returns():
     port = str(free_port())
     envs = [{"RANK_UNDER_TEST": str(rank), "PORT": port, "JAX_PLATFORMS": "cpu"} for rank in range(2)]
@@ -179,6 +181,7 @@ def _workers(proc: subprocess.CompletedProcess[str]) -> dict[str, dict]:
     return {w["rank"]: w for w in found}
 
 
+@pytest.mark.slow
 def test_unimem_run_around_torchrun_configures_every_worker(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_WORKER)
@@ -200,6 +203,7 @@ def test_unimem_run_around_torchrun_configures_every_worker(tmp_path):
         assert f"torch.cuda.set_device({rank}) at CUDA init" in proc.stderr
 
 
+@pytest.mark.slow
 def test_torchrun_around_unimem_run_configures_every_worker(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_WORKER)
@@ -395,6 +399,7 @@ def _keys_and_stale(calls: int) -> None:
 
 
 @pytest.mark.covers("torch:ranks.cluster")
+@pytest.mark.slow
 def test_the_store_holds_two_keys_per_rank_and_a_killed_rank_is_stale() -> None:
     _keys_and_stale(20)
 

@@ -220,6 +220,7 @@ def test_a_block_cannot_be_opened_twice(fake: Any) -> None:
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax", "tensorflow"])
+@pytest.mark.slow
 def test_real_frameworks_on_the_cpu_report_none_never_zero(framework: str, pyjson: Any, need: Any) -> None:
     need(framework)
     work = {

@@ -141,6 +141,7 @@ def _within_margin(search: dict[str, Any], true_max: int) -> None:
 
 
 @pytest.mark.covers("torch:batch_size", "jax:batch_size", "tensorflow:batch_size")
+@pytest.mark.slow
 def test_with_memory_figures_it_finds_the_true_maximum_in_few_trials(real: tuple[str, dict[str, Any]]) -> None:
     _, run = real
     search = run["measured"]
