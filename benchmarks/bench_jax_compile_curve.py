@@ -79,7 +79,8 @@ def _plain(name: str) -> Any:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_search_rows import _jax_mlp, _jax_transformer
 
-    params, loss_fn, x_shape, y_shape = (_jax_mlp if name == "jax-mlp" else _jax_transformer)(True)
+    model = (_jax_mlp if name == "jax-mlp" else _jax_transformer)(True)
+    params, loss_fn, x_shape, y_shape = model.params, model.loss_fn, model.x_shape, model.y_shape
     optimizer = optax.adamw(1e-4)
     opt = optimizer.init(params)
 

@@ -9,17 +9,28 @@ Models (each search in its own fresh process, under its own cap, from a warm-up 
 - ``jax-mlp``: 1024 -> 4 x 4096 -> 1024 MLP trained with optax's AdamW, ``configure(backend="jax",
   growth=True, limit="8GiB")``, searched with ``lower=`` (XLA's compiled peak of each size);
 - ``jax-transformer``: 4 pre-LN transformer blocks in plain JAX (the same shapes as torch's),
-  optax AdamW, growth on, ``limit="8GiB"``, ``lower=``.
+  optax AdamW, growth on, ``limit="8GiB"``, ``lower=``;
+- ``flax-mlp``: Flax linen, 8 x Dense(1024) + ReLU and Dense(10), optax Adam, softmax cross-entropy,
+  the whole GPU with growth on (no cap), searched with ``lower=`` and without it (two rows).
 
 Per row: ``found``, ``true_max``, ``step_calls`` (every call of the step: the search's trials and
-its re-runs), ``failed_calls``, ``compile_calls`` (sizes compiled to predict their peak),
-``seconds`` (the search's wall time, compilations included), ``same_process_ok`` (ten training
-steps at the answer ran in the searching process afterwards). ``true_max`` is the upper end of
-a bracket that fresh processes confirm: the answer runs in one, and one above the bracket's
-upper end (the search's smallest failure, or the smallest size it compiled above the answer:
-XLA predicted its peak past the limit or its largest buffer past the allocator's room)
-fails in another (``true_max_confirmed``: both did), then bisected in fresh processes while
-wider than 1% and time is left. Shares against it are lower bounds.
+its re-runs), ``failed_calls``, ``compile_calls``, ``seconds`` (the search's wall time, compilations
+included), ``same_process_ok`` (ten training steps at the answer ran in the searching process
+afterwards). ``true_max`` is the upper end of a bracket that fresh processes confirm: the answer
+runs in one, and one above the bracket's upper end fails in another (``true_max_confirmed``:
+both did), then bisected in fresh processes while wider than 1% and time is left. Shares
+against it are lower bounds.
+
+JAX rows also record: ``lower`` (searched with ``lower=`` or not); ``compile_calls`` as every
+compilation of the training step the user pays for during the search (counted by JAX's own
+compile events: the search's and the step's own where the search's did not serve it; the
+search's own count is ``search_compile_calls``); ``compile_seconds_at_answer``, one compilation
+at the answer's size, alone, in a fresh process after the search; ``largest_in_process``, the
+largest size that runs at full speed in the searching process after the search (bisected there:
+each probe compiled first, a size XLA rematerialized counted as not running at full speed, then
+run) and ``share_in_process``; ``fresh``, a fresh process's run at the answer and at
+``ceil(answer / 0.95)`` (its failure confirms ``share_fresh`` >= 95%; else bisected up in fresh
+processes while time is left).
 
 Baselines, replayed in code on the same models (accelerate recognises only torch's OOM
 messages, and Lightning is not installed on the GPU machine): accelerate's
@@ -28,10 +39,12 @@ and ``binsearch`` scaling (from 2, at most 25 trials, one step per trial), each 
 budget; a JAX failure costs seconds, so those that run out of it say so (``gave_up``).
 
     python benchmarks/bench_search_rows.py --out benchmarks/results/search-gpu-h200.json --machine LABEL
+    python benchmarks/bench_search_rows.py --models flax-mlp,jax-mlp,jax-transformer --no-baselines --out rows.json
     python benchmarks/bench_search_rows.py --cpu --out /tmp/rows.json   # the logic on the CPU, simulated caps
 
 Without a GPU (``--cpu``) the models are small, each step raises its framework's own
-out-of-memory error past a fixed size, and JAX's ``limit=`` is XLA's predicted peak at that size.
+out-of-memory error past a fixed size, and JAX's ``limit=`` is XLA's predicted peak at that size
+(where Flax is not installed, ``flax-mlp`` is the same MLP in plain JAX, and says so).
 """
 
 from __future__ import annotations
@@ -80,9 +93,24 @@ MODELS: dict[str, dict[str, Any]] = {
         "start": 2,
         "cpu_cap": 40,
     },
+    "flax-mlp": {
+        "framework": "jax",
+        "model": "Flax linen MLP: 8 x Dense(1024) + ReLU, Dense(10), optax.adam, float32, whole GPU",
+        "configure": {"growth": True},
+        "start": 8,
+        "cpu_cap": 3000,
+        "lower": (True, False),
+    },
 }
 BASELINES = ("accelerate", "lightning-power", "lightning-binsearch")
-TARGETS = {"share": 0.95, "step_calls": 6, "jax_failed_calls": 1, "jax_seconds": 60.0}
+TARGETS = {
+    "share": 0.95,
+    "step_calls": 6,
+    "jax_lower": {"compile_calls": 5, "failed_calls": 0, "seconds": "4 x compile_seconds_at_answer + 10"},
+    "jax_without_lower": {"step_calls": 6, "failed_calls": 2},
+}
+# A failed probe of a large JAX step takes 16-21 s (the whole-GPU Flax MLP): each is allowed this long.
+PROBE_SECONDS = 180.0
 
 # --- the models (built in a child process) -----------------------------------------------------
 
@@ -104,6 +132,7 @@ class Work:
         self.lower = lower
         self.parts = parts
         self.state = state
+        self.implementation = "torch"
 
 
 def _torch_boom() -> None:
@@ -150,7 +179,26 @@ def torch_model(name: str, gpu: bool, cap: int) -> Work:
     return Work(step)
 
 
-def _jax_mlp(gpu: bool) -> tuple[Any, Callable[..., Any], tuple[int, ...], tuple[int, ...]]:
+class JaxModel:
+    """A JAX model for ``jax_model``: its parameters, ``loss_fn(params, x, y)``, the shapes of one
+    sample's input and label, the label's dtype, its optimizer, and how it is written."""
+
+    def __init__(
+        self,
+        params: Any,
+        loss_fn: Callable[..., Any],
+        x_shape: tuple[int, ...],
+        y_shape: tuple[int, ...],
+        y_dtype: str = "float32",
+        optimizer: str = "adamw",
+        implementation: str = "jax",
+    ) -> None:
+        self.params, self.loss_fn = params, loss_fn
+        self.x_shape, self.y_shape, self.y_dtype = x_shape, y_shape, y_dtype
+        self.optimizer, self.implementation = optimizer, implementation
+
+
+def _jax_mlp(gpu: bool) -> JaxModel:
     import jax
     import jax.numpy as jnp
 
@@ -168,10 +216,10 @@ def _jax_mlp(gpu: bool) -> tuple[Any, Callable[..., Any], tuple[int, ...], tuple
         w, b = params[-1]
         return jnp.mean((x @ w + b - y) ** 2)
 
-    return params, loss_fn, (d_in,), (d_out,)
+    return JaxModel(params, loss_fn, (d_in,), (d_out,))
 
 
-def _jax_transformer(gpu: bool) -> tuple[Any, Callable[..., Any], tuple[int, ...], tuple[int, ...]]:
+def _jax_transformer(gpu: bool) -> JaxModel:
     import jax
     import jax.numpy as jnp
 
@@ -204,16 +252,120 @@ def _jax_transformer(gpu: bool) -> tuple[Any, Callable[..., Any], tuple[int, ...
             x = block(p, x)
         return jnp.mean((x - y) ** 2)
 
-    return params, loss_fn, (tokens, d), (tokens, d)
+    return JaxModel(params, loss_fn, (tokens, d), (tokens, d))
+
+
+def _flax_mlp(gpu: bool) -> JaxModel:
+    """Flax linen: 8 x Dense(1024) + ReLU, Dense(10), softmax cross-entropy on integer labels. Where
+    Flax is not installed (the CPU machine), the same layers in plain JAX, and it says so."""
+    import jax
+    import jax.numpy as jnp
+
+    width, depth, classes = (1024, 8, 10) if gpu else (64, 3, 10)
+    losses = _optax(gpu) or _Adam
+    try:
+        import flax.linen as nn
+    except ImportError:
+        if gpu:
+            raise  # the GPU row is Flax's, or none
+        keys = jax.random.split(jax.random.PRNGKey(0), depth + 1)
+        shapes = [(width, width)] * depth + [(width, classes)]
+        params: Any = [
+            (jax.random.normal(k, s) / math.sqrt(s[0]), jnp.zeros(s[1])) for k, s in zip(keys, shapes, strict=True)
+        ]
+
+        def apply(params: Any, x: Any) -> Any:
+            for w, b in params[:-1]:
+                x = jax.nn.relu(x @ w + b)
+            return x @ params[-1][0] + params[-1][1]
+
+        implementation = "plain JAX (Flax is not installed here)"
+    else:
+
+        class MLP(nn.Module):
+            @nn.compact
+            def __call__(self, x: Any) -> Any:
+                for _ in range(depth):
+                    x = nn.relu(nn.Dense(width)(x))
+                return nn.Dense(classes)(x)
+
+        model = MLP()
+        params, apply, implementation = model.init(jax.random.PRNGKey(0), jnp.ones((1, width))), model.apply, "flax"
+
+    def loss_fn(params: Any, x: Any, y: Any) -> Any:
+        return losses.softmax_cross_entropy_with_integer_labels(apply(params, x), y).mean()
+
+    return JaxModel(params, loss_fn, (width,), (), "int32", "adam", implementation)
+
+
+JAX_MODELS = {"jax-mlp": _jax_mlp, "jax-transformer": _jax_transformer, "flax-mlp": _flax_mlp}
+
+
+class _Adam:
+    """optax's ``adam``/``adamw`` where optax is not installed (the CPU machine): the same update in
+    plain JAX, and ``apply_updates``/``softmax_cross_entropy_with_integer_labels`` beside it."""
+
+    def __init__(self, rate: float, decay: float) -> None:
+        self.rate, self.decay = rate, decay
+
+    def init(self, params: Any) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return zeros, zeros, jnp.zeros((), jnp.int32)
+
+    def update(self, grads: Any, state: Any, params: Any) -> tuple[Any, Any]:
+        import jax
+        import jax.numpy as jnp
+
+        m, v, count = state
+        count = count + 1
+        m = jax.tree.map(lambda a, g: 0.9 * a + 0.1 * g, m, grads)
+        v = jax.tree.map(lambda a, g: 0.999 * a + 0.001 * g * g, v, grads)
+        scale_m, scale_v = 1 - 0.9**count, 1 - 0.999**count
+        updates = jax.tree.map(
+            lambda a, b, p: -self.rate * ((a / scale_m) / (jnp.sqrt(b / scale_v) + 1e-8) + self.decay * p), m, v, params
+        )
+        return updates, (m, v, count)
+
+    @staticmethod
+    def apply_updates(params: Any, updates: Any) -> Any:
+        import jax
+
+        return jax.tree.map(lambda p, u: p + u, params, updates)
+
+    @staticmethod
+    def softmax_cross_entropy_with_integer_labels(logits: Any, labels: Any) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        return -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], axis=-1)[..., 0]
+
+
+def _optax(gpu: bool) -> Any:
+    """optax, or on the CPU where it is not installed, ``_Adam`` in its place."""
+    try:
+        import optax
+    except ImportError:
+        if gpu:
+            raise
+        return None
+    return optax
 
 
 def jax_model(name: str, gpu: bool, cap: int) -> Work:
     import jax
     import jax.numpy as jnp
-    import optax
 
-    params, loss_fn, x_shape, y_shape = _jax_mlp(gpu) if name == "jax-mlp" else _jax_transformer(gpu)
-    optimizer = optax.adamw(1e-4)
+    spec = JAX_MODELS[name](gpu)
+    params, loss_fn = spec.params, spec.loss_fn
+    optax: Any = _optax(gpu)
+    if optax is None:
+        optimizer: Any = _Adam(1e-3, 0.0) if spec.optimizer == "adam" else _Adam(1e-4, 1e-4)
+        optax, spec.implementation = _Adam, spec.implementation + ", Adam in plain JAX (optax is not installed here)"
+    else:
+        optimizer = optax.adam(1e-3) if spec.optimizer == "adam" else optax.adamw(1e-4)
     state = {"params": params, "opt": optimizer.init(params)}
 
     @jax.jit
@@ -223,7 +375,7 @@ def jax_model(name: str, gpu: bool, cap: int) -> Work:
         return optax.apply_updates(params, updates), opt_state, loss
 
     def inputs(n: int) -> tuple[Any, Any]:
-        return jnp.ones((n, *x_shape), jnp.float32), jnp.zeros((n, *y_shape), jnp.float32)
+        return jnp.ones((n, *spec.x_shape), jnp.float32), jnp.zeros((n, *spec.y_shape), spec.y_dtype)
 
     def run(x: Any, y: Any) -> None:
         new_params, new_opt, loss = train(state["params"], state["opt"], x, y)
@@ -237,11 +389,13 @@ def jax_model(name: str, gpu: bool, cap: int) -> Work:
         run(x, y)
 
     def lower(n: int) -> Any:
-        x = jax.ShapeDtypeStruct((n, *x_shape), jnp.float32)  # sized without allocating
-        y = jax.ShapeDtypeStruct((n, *y_shape), jnp.float32)
+        x = jax.ShapeDtypeStruct((n, *spec.x_shape), jnp.float32)  # sized without allocating
+        y = jax.ShapeDtypeStruct((n, *spec.y_shape), spec.y_dtype)
         return train.lower(state["params"], state["opt"], x, y)
 
-    return Work(step, lower, (inputs, run), state)
+    work = Work(step, lower, (inputs, run), state)
+    work.implementation = spec.implementation
+    return work
 
 
 def build(spec: dict[str, Any]) -> Work:
@@ -293,12 +447,69 @@ def _ten_steps(step: Callable[[int], None], n: int | None) -> bool | None:
     return all(_fits(step, n) for _ in range(10))
 
 
+class Compiles:
+    """Every compilation of the training step (``jit(train)``) JAX makes from now on, with its
+    seconds, as JAX's own compile events report them: the search's and the step's own alike."""
+
+    def __init__(self) -> None:
+        import jax
+
+        self.seconds: list[float] = []
+        jax.monitoring.register_event_duration_secs_listener(self._event)
+
+    def _event(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration" and kwargs.get("fun_name") == "jit(train)":
+            self.seconds.append(round(duration, 3))
+
+
+def _full_speed(work: Work, n: int) -> tuple[bool, bool | None]:
+    """Whether size ``n`` runs at full speed in this process: compiled first (the run reuses it), a
+    program XLA rematerialized does not; then run. Returns (runs, rematerialized: None unknown)."""
+    from unimem import registry
+
+    remat = None
+    if work.lower is not None:
+        try:
+            remat = registry.get_backend("jax").search.predict_rematerialized(work.lower(n))
+        except Exception as exc:
+            import unimem
+
+            if not unimem.is_oom(exc):
+                raise
+            return False, None
+        if remat:
+            return False, True
+    return _fits(work.step, n), remat
+
+
+def _largest_in_process(work: Work, low: int, high: int | None, until: float) -> dict[str, Any]:
+    """The largest size that runs at full speed in this process from ``low`` (which ran) up,
+    below ``high`` (known not to, or None): probed one after another (each compiles, then runs),
+    growing by 1/0.95 while nothing bounds it, then bisected while wider than 1% and ``until``
+    (a ``perf_counter`` time) has not passed. Every probe changes the pool the next one sees."""
+    probes: list[list[Any]] = []
+    while time.perf_counter() < until and (high is None or high - low > max(1, low // 100)):
+        size = math.ceil(low / 0.95) if high is None else (low + high) // 2
+        t0 = time.perf_counter()
+        runs, remat = _full_speed(work, size)
+        probes.append([size, runs, remat, round(time.perf_counter() - t0, 2)])
+        low, high = (size, high) if runs else (low, size)
+    return {
+        "largest": low,
+        "above": high,
+        "probes": probes,
+        "bisected": high is not None and high - low <= max(1, low // 100),
+    }
+
+
 def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
     import unimem
 
     kwargs: dict[str, Any] = {"progress": True}  # a line per trial on stderr, kept on a timeout
     lowered: list[list[Any]] = []
-    if spec["framework"] == "jax":
+    jax = spec["framework"] == "jax"
+    searched_with_lower = jax and spec.get("lower", True)
+    if searched_with_lower:
         assert work.lower is not None
         inner_lower = work.lower
 
@@ -309,16 +520,20 @@ def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
             return out
 
         kwargs["lower"] = timed_lower
-        if not spec["gpu"]:  # the CPU keeps no figures: hold the predictions against the simulated cap
-            from unimem import registry
+    if jax and not spec["gpu"]:  # the CPU keeps no figures: hold the sizes against the simulated cap
+        from unimem import registry
 
-            assert work.lower is not None
-            kwargs["limit"] = registry.get_backend("jax").search.predict_peak(work.lower(spec["cpu_cap"]))
+        assert work.lower is not None
+        kwargs["limit"] = registry.get_backend("jax").search.predict_peak(work.lower(spec["cpu_cap"]))
     counted = Counted(work.step)
+    if jax and not spec["gpu"] and not searched_with_lower:
+        kwargs["measure"] = _cpu_peaks(work, counted)
+    compiles = Compiles() if jax else None
     result = unimem.find_batch_size(
         counted, start=spec["start"], backend=spec["framework"], return_trials=True, **kwargs
     )
     calls = list(counted.calls)
+    paid = None if compiles is None else list(compiles.seconds)
     limit = result.limit
     over = [n for n, p in result.predictions if limit is not None and p > limit]
     ends = [] if result.smallest_failure is None else [result.smallest_failure - 1]
@@ -328,16 +543,19 @@ def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
     ends += [min(above) - 1] if above else []
     t0 = time.perf_counter()
     same = _ten_steps(work.step, result.batch_size)
-    return {
+    row = {
         "found": result.batch_size,
         "upper": min(ends) if ends else None,
         "step_calls": len(calls),
         "failed_calls": sum(1 for _, ok, _ in calls if not ok),
-        "compile_calls": result.compile_calls,
+        "compile_calls": result.compile_calls if paid is None else len(paid),
+        "search_compile_calls": result.compile_calls,
+        "compile_seconds": paid,  # each compilation of the step the search paid for, in order
         "lowered": lowered,  # [size, seconds to lower] per call of lower=; compiling is the search's
         "seconds": result.seconds,
         "same_process_ok": same,
         "ten_steps_seconds": time.perf_counter() - t0,
+        "ten_steps_compile_calls": None if compiles is None or paid is None else len(compiles.seconds) - len(paid),
         "calls": calls,
         "reported": {"step_calls": result.step_calls, "failed_calls": result.failed_calls},
         "trials": [[t.batch_size, t.fits, t.reason, t.peak, t.predicted, t.kept] for t in result.trials],
@@ -347,7 +565,28 @@ def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
         # The pool before the search (JAX with growth: what its regions leave to one large buffer).
         "before": None if result.before is None else result.before.as_dict(),
         "notes": list(result.notes),
+        "predictions": [list(p) for p in result.predictions],
+        "implementation": work.implementation,
     }
+    if jax and result.batch_size:
+        # After the search, in the process that searched: the largest size that runs at full speed.
+        bound = None if result.smallest_failure is None else result.smallest_failure
+        until = time.perf_counter() + spec.get("in_process_seconds", 240.0)
+        row["in_process"] = _largest_in_process(work, result.batch_size, bound, until)
+        row["answer_rematerialized"] = _full_speed(work, result.batch_size)[1] if work.lower is not None else None
+    return row
+
+
+def _cpu_peaks(work: Work, counted: Counted) -> Callable[[], int | None]:
+    """``measure=`` for a search without ``lower=`` on the CPU, which keeps no device figures: the
+    peak XLA predicts for the size the last call ran, so that the search has peaks to place from."""
+    from unimem import registry
+
+    lower = work.lower
+    assert lower is not None
+    return lambda: (
+        registry.get_backend("jax").search.predict_peak(lower(counted.calls[-1][0])) if counted.calls else None
+    )
 
 
 def child_baseline(spec: dict[str, Any], work: Work) -> dict[str, Any]:
@@ -454,11 +693,32 @@ def lightning(
     return size, False
 
 
+def child_probe(spec: dict[str, Any], work: Work) -> dict[str, Any]:
+    """One size in a fresh process: for JAX compiled first, alone (its seconds: the compilation the
+    answer costs), its rematerialization read; then run (the run reuses the compilation)."""
+    size = spec["size"]
+    if spec["framework"] != "jax":
+        return {"fits": _fits(work.step, size)}
+    t0 = time.perf_counter()
+    runs, remat = _full_speed(work, size)
+    return {"fits": runs, "rematerialized": remat, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _compile_seconds(work: Work, size: int) -> float | None:
+    """One compilation of the step at ``size``, alone, in seconds (nothing cached at that size yet)."""
+    if work.lower is None:
+        return None
+    t0 = time.perf_counter()
+    work.lower(size).compile()
+    return round(time.perf_counter() - t0, 3)
+
+
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     work = build(spec)
     work.step(spec["start"])  # warm-up at the search's start: state, kernels, handles exist before it
     if spec["kind"] == "probe":
-        return {"fits": _fits(work.step, spec["size"])}
+        timed = _compile_seconds(work, spec["size"]) if spec.get("compile_seconds") else None
+        return {**child_probe(spec, work), "compile_seconds": timed}
     if spec["kind"] == "search":
         return child_search(spec, work)
     return child_baseline(spec, work)
@@ -474,6 +734,14 @@ def run(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 def base_spec(name: str, gpu: bool) -> dict[str, Any]:
     return {"name": name, "gpu": gpu, **MODELS[name]}
+
+
+def _narrow(low: int, high: int | None, size: int, fits: bool | None) -> tuple[int, int | None] | None:
+    """The bracket [low, high) after a probe of ``size`` that ran or not; None when the probe said
+    neither (it timed out or erred): the bracket stops there."""
+    if fits is None:
+        return None
+    return (size, high) if fits else (low, size)
 
 
 def confirm(name: str, gpu: bool, search: dict[str, Any], timeout: float, until: float) -> dict[str, Any]:
@@ -494,12 +762,10 @@ def confirm(name: str, gpu: bool, search: dict[str, Any], timeout: float, until:
         middle = (low + high) // 2
         probe = run({**base_spec(name, gpu), "kind": "probe", "size": middle}, timeout)
         bisected.append([middle, probe.get("fits")])
-        if probe.get("fits") is True:
-            low = middle
-        elif probe.get("fits") is False:
-            high = middle
-        else:
+        narrowed = _narrow(low, high, middle, probe.get("fits"))
+        if narrowed is None:
             break
+        low, high = narrowed
     return {
         "true_max": high - 1 if fits and fails and high is not None else None,
         "true_max_confirmed": bool(fits and fails),
@@ -512,16 +778,84 @@ def confirm(name: str, gpu: bool, search: dict[str, Any], timeout: float, until:
     }
 
 
-def search_row(name: str, gpu: bool, remaining: float) -> dict[str, Any]:
+def confirm_jax(name: str, gpu: bool, search: dict[str, Any], until: float) -> dict[str, Any]:
+    """A JAX answer in fresh processes, one at a time (the whole-GPU model takes the device):
+    the answer, compiled alone first (``compile_seconds_at_answer``), then run; one run at
+    ``ceil(answer / 0.95)``, whose failure (or rematerialization) confirms the answer is within 5%
+    of the largest that runs fresh; then, while time is left (``until``), bisected between them,
+    or grown past the answer by 1/0.95 until a size does not run and bisected there."""
+    found = search["found"]
+
+    def probe(size: int, timed: bool = False) -> dict[str, Any]:
+        spec = {**base_spec(name, gpu), "kind": "probe", "size": size, "compile_seconds": timed}
+        return run(spec, PROBE_SECONDS)
+
+    at_answer = probe(found, timed=True)
+    probes: list[list[Any]] = []
+    low, high = found, None
+    if at_answer.get("fits"):
+        size = math.ceil(found / 0.95)
+        while time.perf_counter() + PROBE_SECONDS < until or not probes:
+            out = probe(size)
+            probes.append([size, out.get("fits"), out.get("rematerialized"), out.get("error")])
+            narrowed = _narrow(low, high, size, out.get("fits"))
+            if narrowed is None:
+                break
+            low, high = narrowed
+            if high is not None and high - low <= max(1, low // 100):
+                break
+            size = math.ceil(low / 0.95) if high is None else (low + high) // 2
+    return {
+        "true_max": None if high is None else high - 1,
+        "true_max_confirmed": bool(at_answer.get("fits")) and high is not None,
+        "largest_that_ran_fresh": low if at_answer.get("fits") else None,
+        "answer_fits_fresh": at_answer.get("fits"),
+        "compile_seconds_at_answer": at_answer.get("compile_seconds"),
+        "within_5_percent": bool(at_answer.get("fits")) and high is not None and high <= math.ceil(found / 0.95),
+        "probes": probes,
+        "probe_errors": [p for p in [at_answer] if "error" in p] or None,
+    }
+
+
+def search_row(name: str, gpu: bool, remaining: float, lower: bool | None = None) -> dict[str, Any]:
     spec = MODELS[name]
-    # Each search gets at most half of what is left: one slow search must not starve the rest.
-    run_out = run({**base_spec(name, gpu), "kind": "search"}, timeout=max(60.0, min(240.0, remaining / 2)))
+    jax = spec["framework"] == "jax"
+    # Each search gets at most half of what is left: one slow search must not starve the rest. A JAX
+    # search then bisects the largest size that runs in its own process, in what is left of that.
+    allowed = max(60.0, min(240.0 + (240.0 if jax else 0.0), remaining / 2))
+    child_spec = {**base_spec(name, gpu), "kind": "search", "lower": lower, "in_process_seconds": allowed - 180.0}
+    run_out = run(child_spec, timeout=allowed)
     row: dict[str, Any] = {"framework": spec["framework"], "model": spec["model"], "method": "unimem"}
+    if jax:
+        row["lower"] = lower
     if "error" in run_out:
         return {**row, "error": run_out}
     row.update({k: run_out[k] for k in ("found", "step_calls", "failed_calls", "compile_calls", "seconds")})
     row.update(same_process_ok=run_out["same_process_ok"], detail=run_out)
+    if jax and run_out.get("in_process"):
+        largest = run_out["in_process"]["largest"]
+        row.update(largest_in_process=largest, share_in_process=run_out["found"] / largest if largest else None)
     return row
+
+
+def jax_targets(row: dict[str, Any]) -> dict[str, bool | None]:
+    """Whether a JAX row meets its targets (TARGETS): with lower=, at most 5 compilations (the
+    start's included), no failed call, seconds within 4 compilations at the answer and 10 s;
+    without, at most 6 calls and 2 failed; both, within 5% in the searching process, ten steps run."""
+    seconds_at = row.get("compile_seconds_at_answer")
+    share = row.get("share_in_process")
+    met: dict[str, bool | None] = {
+        "share_in_process": None if share is None else share >= TARGETS["share"],
+        "ten_steps": row.get("same_process_ok"),
+    }
+    if row.get("lower"):
+        met["compile_calls"] = row["compile_calls"] <= 5
+        met["failed_calls"] = row["failed_calls"] == 0
+        met["seconds"] = None if seconds_at is None else row["seconds"] <= 4 * seconds_at + 10
+    else:
+        met["step_calls"] = row["step_calls"] <= 6
+        met["failed_calls"] = row["failed_calls"] <= 2
+    return met
 
 
 def baseline_rows(name: str, gpu: bool, search: dict[str, Any], budget: float) -> list[dict[str, Any]]:
@@ -546,14 +880,28 @@ def baseline_rows(name: str, gpu: bool, search: dict[str, Any], budget: float) -
         return list(pool.map(one, BASELINES))
 
 
+def _variants(name: str, wanted: str) -> list[bool | None]:
+    """The searches of one model: torch's one; JAX's with ``lower=`` and, where the model has the
+    row, without (``--lower yes|no|both`` picks; ``model``: as the model lists them)."""
+    spec = MODELS[name]
+    if spec["framework"] != "jax":
+        return [None]
+    listed = list(spec.get("lower", (True,)))
+    chosen = {"model": listed, "both": [True, False], "yes": [True], "no": [False]}[wanted]
+    return [v for v in listed if v in chosen] or chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(HERE / "results" / "search-gpu-h200.json"))
     parser.add_argument("--machine", default=None)
     parser.add_argument("--cpu", action="store_true", help="small models and simulated caps on the CPU")
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--lower", choices=("model", "both", "yes", "no"), default="model",
+                        help="JAX searches with lower= (yes), without (no), both, or as each model lists")  # fmt: skip
     parser.add_argument("--budget", type=float, default=450.0, help="seconds for everything; later work skips")
     parser.add_argument("--baseline-budget", type=float, default=45.0, help="wall seconds per baseline search")
+    parser.add_argument("--no-baselines", action="store_true", help="unimem's rows only")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -569,33 +917,54 @@ def main(argv: list[str] | None = None) -> int:
         benchlib.write(result, args.out)
 
     # 1. unimem's searches, one at a time (their seconds are the point), each in a fresh process.
-    searches: dict[str, dict[str, Any]] = {}
+    searches: dict[tuple[str, bool | None], dict[str, Any]] = {}
     for name in names:
-        if deadline - time.perf_counter() < 60:
-            result["rows"].append({"model": MODELS[name]["model"], "method": "unimem", "skipped": "budget"})
-            continue
-        searches[name] = search_row(name, gpu, deadline - time.perf_counter())
-        result["rows"].append(searches[name])
-        save()
-    # 2. the true largest: each bracket confirmed by fresh processes, all models at once.
-    done = {n: r for n, r in searches.items() if "found" in r}
-    with ThreadPoolExecutor(max_workers=max(1, len(done))) as pool:
+        for lower in _variants(name, args.lower):
+            if deadline - time.perf_counter() < 60:
+                result["rows"].append({"model": MODELS[name]["model"], "method": "unimem", "skipped": "budget"})
+                continue
+            searches[name, lower] = search_row(name, gpu, deadline - time.perf_counter(), lower)
+            result["rows"].append(searches[name, lower])
+            save()
+    # 2. the true largest. torch: each bracket confirmed by fresh processes, all models at once;
+    # JAX: fresh processes one at a time (a whole-GPU model takes the device), each search its share.
+    done = {key: r for key, r in searches.items() if "found" in r}
+    torch_done = {key: r for key, r in done.items() if r["framework"] == "torch"}
+    with ThreadPoolExecutor(max_workers=max(1, len(torch_done))) as pool:
         checks = dict(
-            zip(done, pool.map(lambda n: confirm(n, gpu, done[n]["detail"], 90, deadline), done), strict=True)
+            zip(
+                torch_done,
+                pool.map(lambda key: confirm(key[0], gpu, torch_done[key]["detail"], 90, deadline), torch_done),
+                strict=True,
+            )
         )
-    for name, check in checks.items():
-        row = searches[name]
+    for key, check in checks.items():
+        row = searches[key]
         row.update(true_max=check["true_max"], true_max_confirmed=check["true_max_confirmed"], reference=check)
         row["share"] = row["found"] / check["true_max"] if check["true_max"] else None
     save()
+    jax_done = [key for key, r in done.items() if r["framework"] == "jax"]
+    for i, key in enumerate(jax_done):
+        row = searches[key]
+        share = (deadline - time.perf_counter()) / (len(jax_done) - i)
+        check = confirm_jax(key[0], gpu, row, time.perf_counter() + share)
+        row.update(true_max=check["true_max"], true_max_confirmed=check["true_max_confirmed"], fresh=check)
+        row["compile_seconds_at_answer"] = check["compile_seconds_at_answer"]
+        fresh = check["largest_that_ran_fresh"]
+        row["share_fresh"] = row["found"] / check["true_max"] if check["true_max"] else None
+        row["share_fresh_at_least"] = row["found"] / fresh if fresh else None
+        row["share"] = row["share_fresh"]
+        row["targets_met"] = jax_targets(row)
+        save()
     # 3. the baselines on the same models: two models' three at once (caps well under the device).
-    ready = [n for n in names if "found" in searches.get(n, {})]
+    ready = [] if args.no_baselines else [n for n in names if any(k[0] == n for k in done)]
     for wave in (ready[i : i + 2] for i in range(0, len(ready), 2)):
         if deadline - time.perf_counter() < args.baseline_budget + 60:
             result["baselines_skipped"] = "the budget ran out (--budget)"
             break
+        first = [next(r for k, r in done.items() if k[0] == n) for n in wave]
         with ThreadPoolExecutor(max_workers=len(wave)) as pool:
-            waves = list(pool.map(lambda n: baseline_rows(n, gpu, searches[n], args.baseline_budget), wave))
+            waves = list(pool.map(lambda n, r: baseline_rows(n, gpu, r, args.baseline_budget), wave, first))
         result["rows"] += [base for bases in waves for base in bases]
         save()
     result["summary"] = summary(result["rows"])
@@ -611,11 +980,20 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"{row.get('model')} {row.get('method')}: {row.get('skipped') or 'error'}")
             continue
         share = row.get("share")
+        method = row["method"] + ("" if "lower" not in row else " (lower=)" if row["lower"] else " (no lower=)")
+        in_process = row.get("share_in_process")
         lines.append(
-            f"{row['framework']:<6} {row['method']:<20} found {row['found']} "
+            f"{row['framework']:<6} {method:<20} found {row['found']} "
             f"({'?' if share is None else f'{share:.1%}'} of {row.get('true_max')}), {row['step_calls']} calls, "
             f"{row['failed_calls']} failed, {row.get('compile_calls')} compiled, {row['seconds']:.1f} s, "
-            f"same process {row['same_process_ok']}" + (" (gave up)" if row.get("gave_up") else "")
+            f"same process {row['same_process_ok']}"
+            + ("" if in_process is None else f", {in_process:.1%} of {row['largest_in_process']} in process")
+            + (
+                ""
+                if row.get("compile_seconds_at_answer") is None
+                else f", {row['compile_seconds_at_answer']} s a compile"
+            )
+            + (" (gave up)" if row.get("gave_up") else "")
         )
     return lines
 
