@@ -47,6 +47,7 @@ def test_jax_that_never_ran_writes_nothing_and_says_so(tmp_path: Path, pyjson: A
     assert any("has not run anything" in message for message in result["warnings"])
 
 
+@pytest.mark.slow
 def test_torch_without_cuda_refuses_before_touching_anything(tmp_path: Path, pyjson: Any, need: Any) -> None:
     need("torch")
     target = tmp_path / "torch_prof"

@@ -246,6 +246,7 @@ def _says_saturated(note: str) -> bool:
 )
 # Readings 2% high at 906 and low at 860 once made a straight need look clamped at the cap.
 @example(a=0, b=6, true_max=919, start=49, margin=0.0, measured=True, noise=0.02)
+@pytest.mark.slow
 def test_the_answer_is_always_within_the_margin(
     a: int, b: int, true_max: int, start: int, margin: float, measured: bool, noise: float
 ) -> None:
@@ -286,6 +287,7 @@ def test_the_answer_is_always_within_the_margin(
 )
 # Found by hypothesis: noise put the prediction one above the failure, and it bisected (9 trials).
 @example(a=0, b=1024, true_max=961, start=5, noise=0.01)
+@pytest.mark.slow
 def test_with_figures_and_a_small_start_it_needs_at_most_six_trials(
     a: int, b: int, true_max: int, start: int, noise: float
 ) -> None:
