@@ -54,6 +54,7 @@ def test_every_figure_travels_exactly_with_its_gaps_marks_and_cap(tmp_path: Path
     page = write_view([recording], tmp_path / "memory.html")
     manifest, values = page_parts(page.path)
     assert page.size == page.path.stat().st_size and [lane.samples for lane in page.lanes] == [3000]
+    assert page.lanes[0].label == "recording" and page.notes == ()  # one lane: no rank to tell it apart
     (lane,) = manifest["lanes"]
     assert lane["limit"] == 6 * GIB and lane["errors"] == ["NVML: GPU is lost"] and len(lane["gaps"]) == 4
     assert [mark[1] for mark in lane["marks"]] == [mark.label for mark in recording.marks]

@@ -155,7 +155,7 @@ def _render(
     if title is not None and not isinstance(title, str):
         raise ConfigError("title", f"expected text or None, got {type(title).__name__}")
     arrays = _Arrays()
-    labelled, notes = rank_labels(recordings) if recordings else ([], [])
+    labelled, notes = rank_labels(recordings) if len(recordings) > 1 else (_single(recordings), [])
     order = sorted(range(len(recordings)), key=lambda i: (labelled[i][1] is None, labelled[i][1] or 0, i))
     starts = [start for recording, _ in recordings if (start := recording.start_time) is not None]
     origin = min((start for start in starts if math.isfinite(start)), default=0.0)
@@ -173,6 +173,17 @@ def _render(
     }
     page = _fill(manifest, arrays.packed())
     return page, drawn, tuple(file for _, file in comparisons), tuple(notes)
+
+
+def _single(recordings: list[tuple[Recording, str | None]]) -> list[tuple[str, int | None]]:
+    """One recording's label: its rank where it has one, else its file (no other lane to tell apart)."""
+    if not recordings:
+        return []
+    recording, file = recordings[0]
+    rank = recording.meta.get("rank")
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        return [(f"rank {rank}", rank)]
+    return [(file or "recording", None)]
 
 
 def _sorted(

@@ -148,9 +148,9 @@
     const samples = manifest.lanes.reduce((sum, lane) => sum + lane.samples, 0);
     if (manifest.lanes.length) {
       subtitle.push(`time: seconds since ${new Date(origin * 1000).toISOString().replace("T", " ").slice(0, 19)} UTC`);
-      subtitle.push(`${manifest.lanes.length} recording(s), ${samples.toLocaleString("en")} samples`);
+      subtitle.push(`${counted(manifest.lanes.length, "recording")}, ${counted(samples, "sample")}`);
     }
-    if (manifest.comparisons.length) subtitle.push(`${manifest.comparisons.length} comparison(s)`);
+    if (manifest.comparisons.length) subtitle.push(counted(manifest.comparisons.length, "comparison"));
     document.getElementById("subtitle").textContent = subtitle.join(" · ");
     document.getElementById("help").hidden = manifest.lanes.length === 0;
     fillList(document.getElementById("notes"), manifest.notes);
@@ -160,14 +160,14 @@
     const { spec } = lane;
     const section = element("section", { class: "lane" });
     section.append(element("h2", {}, spec.label));
-    const about = [spec.about, `${spec.samples.toLocaleString("en")} samples`, `${spec.marks.length} marks`];
+    const about = [spec.about, counted(spec.samples, "sample"), counted(spec.marks.length, "mark")];
     if (spec.file) about.push(spec.file);
     section.append(element("p", { class: "about" }, about.join(" · ")));
     section.append(fillList(element("ul", { class: "notes" }), spec.notes));
     const legend = element("ul", { class: "legend" });
     for (const line of lane.lines) {
       const [colour, dash] = STYLE[line.figure] || ["#000", []];
-      const title = `${line.known.toLocaleString("en")} readings`;
+      const title = counted(line.known, "reading");
       legend.append(toggle(line.label, swatch(colour, dash), title, line.shown, (on) => (line.shown = on)));
     }
     if (spec.limit !== null) {
@@ -175,10 +175,10 @@
       legend.append(toggle(label, swatch("#000", [8, 3, 2, 3]), "the recording's cap", true, (on) => (lane.show.cap = on)));
     }
     if (spec.marks.length) {
-      legend.append(toggle(`${spec.marks.length} marks`, swatch(MARK_COLOUR, [1, 2]), "", true, (on) => (lane.show.marks = on)));
+      legend.append(toggle(counted(spec.marks.length, "mark"), swatch(MARK_COLOUR, [1, 2]), "", true, (on) => (lane.show.marks = on)));
     }
     if (spec.gaps.length) {
-      const label = `${spec.gaps.length} failed readings`;
+      const label = counted(spec.gaps.length, "failed reading");
       legend.append(toggle(label, swatch(GAP_COLOUR, []), "gaps in the data", true, (on) => (lane.show.gaps = on)));
     }
     section.append(legend);
@@ -691,9 +691,15 @@
     return (fraction <= 1 ? 1 : fraction <= 2 ? 2 : fraction <= 5 ? 5 : 10) * power;
   }
 
+  // A tick's label with the decimals its step needs (a sum of steps that should be 0 is 0, not -0.0).
   function trim(value, step) {
     const decimals = Math.max(0, Math.min(9, -Math.floor(Math.log10(step))));
-    return value.toFixed(decimals);
+    return (Math.abs(value) < step * 1e-6 ? 0 : value).toFixed(decimals);
+  }
+
+  // "1 mark", "3 marks": a count and its noun.
+  function counted(count, noun) {
+    return `${count.toLocaleString("en")} ${noun}${count === 1 ? "" : "s"}`;
   }
 
   function element(tag, attributes = {}, ...children) {
