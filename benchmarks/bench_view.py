@@ -11,7 +11,8 @@ start is not counted; then, ``--runs`` times, a fresh tab opens the page and the
   lane's first draw done), and when each stage before it ended: the page parsed and its script
   started, the data inflated, decoded (the byte shuffle undone), laid out in lanes;
 - zoom: one wheel event over the first lane (zooming in around the middle of the whole run) to
-  the end of the redraw it asks for, canvases flushed; and the redraw alone.
+  the end of the redraw it asks for, canvases flushed; the redraw alone; and ``span``, the
+  seconds in view after that zoom.
 
 Targets, reported and not asserted: drawn <= 3 s and zoom <= 0.5 s, medians on 2 cores. The load
 average before and after goes with the figures: on a loaded machine they are upper bounds.
