@@ -202,6 +202,8 @@ def _sorted(
         if isinstance(item, Recording):
             recordings.append((item, None))
         elif isinstance(item, Comparison):
+            for index, run in enumerate(item.results):
+                _check_run(run, f"comparison {len(comparisons) + 1}, run {index + 1}")
             comparisons.append((item, None))
         elif isinstance(item, (str, os.PathLike)) and os.fspath(item):
             read = _read(item)
