@@ -63,6 +63,7 @@ def check(settings: Settings, phase: Phase) -> None:
 def plan(settings: Settings, phase: Phase, limits: dict[int, int]) -> list[Step]:
     """The steps that apply ``settings`` in ``phase``; a cap made records its bytes per GPU in ``limits``."""
     check(settings, phase)
+    _check_growth_override(settings.growth, phase)
     capped = settings.fraction is not None or settings.limit is not None
     steps: list[Step] = []
     if settings.devices is not None:
@@ -76,6 +77,21 @@ def plan(settings: Settings, phase: Phase, limits: dict[int, int]) -> list[Step]
     if phase is not Phase.INITIALIZED:
         check_environment(written_vars(steps))
     return steps
+
+
+def _check_growth_override(growth: bool | None, phase: Phase) -> None:
+    """Refuse growth made through ``set_memory_growth`` where the user's TF_FORCE_GPU_ALLOW_GROWTH says
+    the opposite: TensorFlow reads the variable first when its GPUs start, and it would win unsaid."""
+    theirs = os.environ.get(GROWTH_VAR)
+    if growth is None or phase is not Phase.IMPORTED or theirs not in _GROWTH_VALUES or (theirs == "true") == growth:
+        return
+    if not _gpus():
+        return  # no GPU: growth acts on nothing
+    raise ConfigError(
+        GROWTH_VAR,
+        f"{GROWTH_VAR}={theirs} overrides set_memory_growth({growth}) when TensorFlow's GPUs start; "
+        "unset it, or configure growth before importing TensorFlow (then unimem sets the variable)",
+    )
 
 
 # TensorFlow compares these variables to exact words when its GPU devices start.

@@ -191,3 +191,22 @@ def test_unimem_refuses_what_the_frameworks_own_parser_refuses(framework: str) -
     code = f"CONF = {_CONF!r}\nXLA = {_XLA!r}\n" + _AGREE
     verdicts = run_json(f"import sys; sys.argv[1:] = [{framework!r}]\n" + code, timeout=240)
     assert verdicts and all(theirs == ours for _, theirs, ours in verdicts), verdicts
+
+
+@pytest.mark.slow
+def test_tensorflows_growth_variable_that_would_override_the_api_call_is_refused() -> None:
+    # TensorFlow reads TF_FORCE_GPU_ALLOW_GROWTH before set_memory_growth when its GPUs start.
+    code = """
+    import os
+    import tensorflow as tf
+    import unimem
+    tf.config.list_physical_devices = lambda kind=None: ["GPU:0"] if kind == "GPU" else []  # as on a GPU host
+    os.environ["TF_FORCE_GPU_ALLOW_GROWTH"] = "false"
+    try:
+        unimem.configure("tensorflow", growth=True)
+        emit(None)
+    except unimem.ConfigError as exc:
+        emit([exc.parameter, str(exc)])
+    """
+    parameter, message = run_json(code, timeout=240)
+    assert parameter == "TF_FORCE_GPU_ALLOW_GROWTH" and "overrides set_memory_growth(True)" in message
