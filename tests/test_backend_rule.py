@@ -31,6 +31,7 @@ def snapshot():
 """
 
 
+@pytest.mark.slow
 def test_tensorflow_only_script_before_and_after_its_first_op(pyjson, need):
     need("tensorflow")
     out = pyjson(
@@ -54,6 +55,7 @@ emit({"before": before, "after": snapshot()})
     assert after["action"] == {"name": "tensorflow"}
 
 
+@pytest.mark.slow
 def test_torch_and_jax_imported_before_and_after_jax_starts(pyjson, need):
     need("torch")
     need("jax")
@@ -77,6 +79,7 @@ emit({"before": before, "after": snapshot()})
     assert "torch" in after["action"]["error"] and "jax" in after["action"]["error"], "actions look at imports"
 
 
+@pytest.mark.slow
 def test_a_framework_another_module_imported_does_not_count(pyjson, need):
     need("torch")
     need("jax")

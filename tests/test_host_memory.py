@@ -232,6 +232,7 @@ def test_tracked_as_dict_is_json_ready():
     assert math.isfinite(data["duration"])
 
 
+@pytest.mark.slow
 def test_the_keras_callback_logs_the_host_peak(pyjson: Any, need: Any) -> None:
     need("tensorflow")
     out = pyjson(

@@ -128,6 +128,7 @@ def source(tmp_path_factory) -> Path:
     return src
 
 
+@pytest.mark.slow
 def test_wheel_installs_into_a_fresh_venv(source, tmp_path):
     dist = tmp_path / "dist"
     _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", dist, source])
@@ -157,6 +158,7 @@ def test_wheel_installs_into_a_fresh_venv(source, tmp_path):
     _check_bare_install(python, cwd=tmp_path)
 
 
+@pytest.mark.slow
 def test_editable_install_into_a_fresh_venv(source, tmp_path):
     python = _fresh_venv(tmp_path / "venv")
     _pip(python, "--upgrade", "setuptools")
@@ -172,6 +174,7 @@ def test_editable_install_into_a_fresh_venv(source, tmp_path):
     _check_cli(python, cwd=elsewhere)
 
 
+@pytest.mark.slow
 def test_declared_build_requirements_are_enough_to_build(source, tmp_path):
     """A build without isolation (offline CI, distro packaging) in an environment holding
     exactly what ``[build-system] requires`` asks for: the declaration must suffice."""

@@ -3,6 +3,8 @@ honest None, never a framework's own crash or an invented figure."""
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_a_device_the_started_framework_lacks_is_a_config_error(pyjson) -> None:
     result = pyjson(
@@ -22,6 +24,7 @@ def test_a_device_the_started_framework_lacks_is_a_config_error(pyjson) -> None:
     assert result["device0"] is None  # JAX on the CPU keeps no memory statistics
 
 
+@pytest.mark.slow
 def test_a_framework_without_gpus_answers_none_for_any_device(pyjson) -> None:
     result = pyjson(
         """
@@ -34,6 +37,7 @@ def test_a_framework_without_gpus_answers_none_for_any_device(pyjson) -> None:
     assert result["allocated"] is None and result["device"] == 3
 
 
+@pytest.mark.slow
 def test_precision_and_stats_pick_the_started_framework_when_tf_brings_jax(pyjson) -> None:
     # `import tensorflow` also imports JAX (TF Lite); only TF runs, so backend=None means TF.
     result = pyjson(

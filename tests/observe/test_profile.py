@@ -68,6 +68,7 @@ def test_torch_without_cuda_refuses_before_touching_anything(tmp_path: Path, pyj
     assert not target.exists()
 
 
+@pytest.mark.slow
 def test_tensorflow_profiler_trace_on_the_cpu(tmp_path: Path, pyjson: Any, need: Any) -> None:
     need("tensorflow")
     result = pyjson(

@@ -379,6 +379,7 @@ def test_the_h200_benchmark_shape_takes_six_trials_from_its_start() -> None:
     true_max=st.integers(64, 100_000),
     start=st.sampled_from([1, 8, 32, 128]),
 )
+@pytest.mark.slow
 def test_convex_needs_are_found_and_a_safe_jump_never_fails(
     held: int, fixed: int, per_sample: int, floor: int, floor_share: int, true_max: int, start: int
 ) -> None:

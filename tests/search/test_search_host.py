@@ -213,6 +213,7 @@ emit({"search": found.as_dict(), "calls": calls, "needs": {str(n): need(n) for n
 
 
 @pytest.mark.covers("jax:batch_size")
+@pytest.mark.slow
 def test_jax_predictions_are_held_against_the_hosts_memory(need: Any, pyjson: Any) -> None:
     # Without the host's limit the predictions had nothing to be held against: the search
     # doubled until the (simulated) host killed it.

@@ -96,6 +96,7 @@ emit({"n": n, "predicted": predicted, "need": need(n), "measured": after - befor
 
 
 @pytest.mark.covers("jax:batch_size")
+@pytest.mark.slow
 def test_the_predicted_peak_is_the_step_s_measured_peak(need: Any, pyjson: Any) -> None:
     need("jax")
     r = pyjson(_MEASURED)

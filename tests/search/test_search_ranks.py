@@ -117,6 +117,7 @@ def two_ranks():
 
 
 @pytest.mark.covers("torch:ranks.batch_size")
+@pytest.mark.slow
 def test_two_ranks_return_the_smaller_ranks_largest(two_ranks):
     searches = [two_ranks[rank]["search"] for rank in (0, 1)]
     assert [s["batch_size"] for s in searches] == [37, 37]  # margin=0: exactly rank 1's largest
@@ -161,6 +162,7 @@ def rank_main(rank):
 
 
 @pytest.mark.covers("torch:ranks.batch_size")
+@pytest.mark.slow
 def test_four_ranks_agree_with_the_steps_own_no_sync():
     results = _fork_ranks([90, 60, 75, 41], _OWN_NO_SYNC, deadline=120)
     searches = [results[rank]["search"] for rank in range(4)]
@@ -224,6 +226,7 @@ def rank_main(rank):
 """
 
 
+@pytest.mark.slow
 def test_a_rank_whose_forward_raises_stops_every_rank_at_once():
     results = _fork_ranks([1000, 1000], _RAISES)
     assert results[1]["error"] == "ValueError" and "rank 1" in results[1]["message"]
@@ -234,6 +237,7 @@ def test_a_rank_whose_forward_raises_stops_every_rank_at_once():
 
 
 @pytest.mark.covers("torch:ranks.batch_size")
+@pytest.mark.slow
 def test_an_out_of_memory_error_in_one_ranks_forward_leaves_no_rank_waiting():
     # Rank 1 fails inside forward at every size above 3 while rank 0 would go on to backward:
     # with buffers to broadcast and gradients to reduce, only the agreed no_sync trials keep them in step.
@@ -293,6 +297,7 @@ def rank_main(rank):
 """
 
 
+@pytest.mark.slow
 def test_a_model_whose_forward_communicates_is_refused():
     results = _fork_ranks([8, 8], _SHARDED)
     for rank in (0, 1):
@@ -322,6 +327,7 @@ emit({"rank": rank, "search": found.as_dict()})
 
 
 @pytest.mark.covers("jax:ranks.batch_size")
+@pytest.mark.slow
 def test_jax_processes_agree_through_the_coordinator():
     port = str(free_port())
     envs = [{"RANK_UNDER_TEST": str(rank), "PORT": port, "JAX_PLATFORMS": "cpu"} for rank in range(2)]
@@ -449,6 +455,7 @@ def rank_main(rank):
 """
 
 
+@pytest.mark.slow
 def test_search_plan_accumulation_and_scaler_together_under_ddp():
     results = _fork_ranks([100, 37], _END_TO_END, deadline=120)
     for rank in (0, 1):
