@@ -14,6 +14,7 @@ from typing import Any
 import keras
 
 from unimem.errors import ConfigError
+from unimem.integrations.memory_logs import figures as _figures
 from unimem.observe.hook import MemoryHook
 from unimem.observe.track import Tracked
 
@@ -31,19 +32,6 @@ def keras_backend() -> str:
             "backend", f"Keras runs on {name!r}, which has no GPU allocator unimem knows; use tensorflow, jax or torch"
         )
     return _KERAS_TO_UNIMEM[name]
-
-
-def _figures(tracked: Tracked, host_rss: int | None) -> dict[str, int]:
-    end = tracked.end
-    known = {
-        "mem_allocated": end.allocated if end else None,
-        "mem_reserved": end.reserved if end else None,
-        "mem_peak": tracked.peak,
-        "mem_process": end.process_used if end else None,
-        "mem_host_rss": host_rss,
-        "mem_host_peak": tracked.host_peak,
-    }
-    return {key: int(value) for key, value in known.items() if value is not None}
 
 
 class MemoryCallback(keras.callbacks.Callback):

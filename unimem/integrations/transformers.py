@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
@@ -212,21 +212,20 @@ def find_batch_size(
     share = max(1, len(checked.train_dataset) // _world())
     bound = share if max_size is None else min(max_size, share)
     first = min(first, bound) if isinstance(first, int) and not isinstance(first, bool) else first
-    check(
-        start=first,
-        backend="torch",
-        device=_device_index(args),
-        max_size=bound,
-        margin=margin,
-        measure=measure,
-        limit=limit,
-        baseline=None,
-        max_trials=max_trials,
-        return_trials=return_trials,
-        progress=progress,
-        timeout=timeout,
-        time_limit=time_limit,
-    )
+    options: dict[str, Any] = {
+        "start": first,
+        "backend": "torch",
+        "device": _device_index(args),
+        "max_size": bound,
+        "margin": margin,
+        "measure": measure,
+        "limit": limit,
+        "max_trials": max_trials,
+        "progress": progress,
+        "timeout": timeout,
+        "time_limit": time_limit,
+    }
+    check(**options, baseline=None, return_trials=return_trials)  # every argument, before anything changes
 
     model = checked.model
     _enable_checkpointing(checked)
@@ -236,22 +235,7 @@ def find_batch_size(
             checked._train_batch_size = size
             _train_steps(checked, model, steps_per_trial)
 
-        search: BatchSizeSearch = _find_batch_size(
-            step,
-            start=first,
-            backend="torch",
-            device=_device_index(args),
-            max_size=bound,
-            margin=margin,
-            max_trials=max_trials,
-            limit=limit,
-            measure=measure,
-            time_limit=time_limit,
-            progress=progress,
-            timeout=timeout,
-            collective=_world() > 1,
-            return_trials=True,
-        )
+        search = cast(BatchSizeSearch, _find_batch_size(step, **options, collective=_world() > 1, return_trials=True))
     checked._train_batch_size = search.batch_size
     args.per_device_train_batch_size = search.batch_size
     return search if return_trials else search.batch_size
