@@ -143,3 +143,20 @@ def test_unimem_warnings_print_as_one_line_in_every_command(tmp_path: Path) -> N
     proc = run_cli("plot", str(saved))
     assert proc.returncode == 0 and (tmp_path / "m.png").exists(), proc.stderr
     assert "cut short" in _one_line(proc.stderr, f"unimem: {saved}")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero"])
+def test_a_recording_that_is_not_a_regular_file_is_refused_by_what_it_is(tmp_path: Path, kind: str) -> None:
+    import os
+
+    path = tmp_path / "memory.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    for command in (["plot", str(path), "-o", str(tmp_path / "out.png")], ["view", str(path)]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 1, (command, result.output)
+        line = _one_line(result.stderr, f"unimem {command[0]}: ")
+        assert line.endswith("not a recording file") and ("FIFO" in line or "device" in line), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.json"]

@@ -537,14 +537,15 @@ def recording_files(arguments: tuple[str, ...]) -> list[Path]:
     files: list[Path] = []
     for argument in arguments:
         path = Path(argument)
-        if path.is_file():
-            files.append(path)
-            continue
         if path.is_dir():
             raise click.BadParameter(
                 f"{argument} is a folder; pass the recordings in it, e.g. '{path / 'memory.rank*.json'}'",
                 param_hint="'RECORDINGS'",
             )
+        # Anything else that exists (a FIFO, a link to a device) is the loader's to refuse, by what it is.
+        if path.exists():
+            files.append(path)
+            continue
         if glob.has_magic(argument):
             matched = sorted((Path(name) for name in glob.glob(argument) if Path(name).is_file()), key=_rank_order)
             if not matched:
