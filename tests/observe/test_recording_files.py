@@ -170,3 +170,75 @@ def test_a_long_stream_is_read_into_bounded_series_peaks_kept(tmp_path: Path) ->
     assert len(device) <= 100 and max(s.process_used or 0 for s in device) == 49 << 20
     assert recording.meta["decimation"]["device_stride"] > 1
     assert any("of the file's 2000 samples" in note for note in recording.notes)
+
+
+# --- whole columns checked at once, the offending row still named -------------------------------
+
+
+def _saved_rows(tmp_path: Path, count: int) -> tuple[Path, dict[str, object]]:
+    path = _recording(count).to_json(tmp_path / "memory.json")
+    return path, json.loads(path.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("process_used", -1, "process_used is -1, expected a whole number"),
+        ("process_used", 1 << 63, "process_used is 9223372036854775808, expected a whole number"),
+        ("host_rss", True, "host_rss is True, expected a whole number"),
+        ("time", 1e999, "time is inf, expected a finite number"),
+        ("time", "noon", "time is 'noon', expected seconds"),
+        ("source", "disk", "source is 'disk', expected one of"),
+        ("source", ["device"], "source is an array, expected one of"),
+        ("peak_exact", 1, "peak_exact is 1, expected true, false or null"),
+        ("error", 5, "error is 5, expected text or null"),
+    ],
+)
+def test_a_bad_value_deep_in_a_json_names_its_sample(tmp_path: Path, field: str, value: object, problem: str) -> None:
+    path, data = _saved_rows(tmp_path, 300)
+    samples = data["samples"]
+    assert isinstance(samples, list)
+    samples[250][field] = value
+    samples[280][field] = value
+    path.write_text(json.dumps(data).replace("Infinity", "1e999"), encoding="utf-8")
+    with pytest.raises(unimem.ConfigError, match=f"sample 251: {problem}".replace("(", r"\(")) as info:
+        load_recording(path)
+    assert str(path) in str(info.value)
+
+
+def test_json_samples_with_whole_second_times_or_fields_left_out_load(tmp_path: Path) -> None:
+    path, data = _saved_rows(tmp_path, 30)
+    samples = data["samples"]
+    assert isinstance(samples, list)
+    samples[3]["time"] = 1_700_000_003  # an integer time: a float in memory
+    del samples[7]["host_peak"]  # a field an older file lacks: unknown
+    samples[9]["comment"] = "kept out"  # a name that is no field: left out
+    path.write_text(json.dumps(data), encoding="utf-8")
+    loaded = load_recording(path)
+    assert loaded.samples == _recording(30).samples
+    assert type(loaded.samples[3].time) is float and not hasattr(loaded.samples[9], "comment")
+
+
+def test_a_stream_names_the_first_bad_line_even_before_an_unreadable_one(tmp_path: Path) -> None:
+    lines = _stream_lines(100)
+    lines[40] = json.dumps(["d", 1.7e9, None, None, -5, 1, None])  # a bad value...
+    lines[90] = '["d", 1.7e9, {'  # ...then a line that is no JSON
+    path = tmp_path / "memory.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(unimem.ConfigError, match=r"line 41: process_used is -5"):
+        load_recording(path)
+    lines[40] = json.dumps([["d"], 1.7e9, None, None, 5])  # a record whose tag is no text
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(unimem.ConfigError, match=r"line 41: not a sample or a mark"):
+        load_recording(path)
+
+
+def test_a_stream_with_whole_second_times_loads_as_written(tmp_path: Path) -> None:
+    lines = [*_stream_lines(5), json.dumps(["f", 1_700_000_100, 7, 8, None])]
+    path = tmp_path / "memory.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.warns(unimem.UnimemWarning, match="no end record"):
+        recording = load_recording(path)
+    last = recording.samples[-1]
+    assert (last.time, last.allocated, last.reserved, last.source) == (1.7e9 + 100, 7, 8, "framework")
+    assert type(last.time) is float and len(recording.samples) == 11

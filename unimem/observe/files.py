@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import json.scanner
 import math
 import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from unimem.errors import ConfigError
 from unimem.sizes import format_bytes
@@ -35,13 +36,18 @@ __all__ = [
     "create_atomically",
     "figure",
     "moment",
+    "figures_ok",
+    "flags_ok",
+    "moments_ok",
     "open_recording",
     "parse_document",
     "parse_json",
+    "parse_line",
     "read_recording",
     "salvage_json",
     "shown",
     "text",
+    "texts_ok",
     "write_atomically",
 ]
 
@@ -142,6 +148,28 @@ def parse_json(text: str, where: str) -> Any:
     return parse_document(text, where, frozenset())[0]
 
 
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+_SCAN = cast(
+    Callable[[str, int], tuple[Any, int]], json.scanner.make_scanner(cast(Any, _DECODER))
+)  # one value at a position, without json.loads' per-call set-up
+
+
+def parse_line(line: str, where: Callable[[], str]) -> Any:
+    """One line of a stream (its text ending in a newline) as JSON, checked as ``parse_json`` checks it.
+
+    The line is scanned as one value ending at its newline; anything else (spaces around it, a
+    second value, a parser failure) goes through ``parse_json``, which says what is wrong.
+    ``where`` names the line, built only then: a stream has millions of lines.
+    """
+    try:
+        value, end = _SCAN(line, 0)
+    except (StopIteration, ValueError, RecursionError):
+        return parse_json(line, where())
+    if end != len(line) - 1:
+        return parse_json(line, where())
+    return value
+
+
 def parse_document(text: str, where: str, arrays: frozenset[str]) -> tuple[Any, bool]:
     """``(value, cut)``: ``text`` parsed as ``parse_json`` does; a JSON object cut short on its last
     line comes back as what it still holds (see ``salvage_json``) with ``cut`` True."""
@@ -204,6 +232,33 @@ def text(value: object, name: str, where: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ConfigError("path", f"{where}: {name} is {shown(value)}, expected text or null")
     return value
+
+
+# Whole columns at once: True when every value of ``column`` passes ``figure``, ``moment``,
+# ``text`` (or is a bool or None, for ``flags_ok``). A loader checks a million values in C this
+# way, and only when one fails walks the rows with the checks above to name the row.
+_NONE = type(None)
+
+
+def figures_ok(column: Sequence[Any]) -> bool:
+    kinds = set(map(type, column))
+    if not kinds <= {int, _NONE}:
+        return False
+    known = [value for value in column if value is not None] if _NONE in kinds else column
+    return not known or (min(known) >= 0 and max(known) < _LARGEST)
+
+
+def moments_ok(column: Sequence[Any]) -> bool:
+    # Integers are left to ``moment``, which turns them into floats (or refuses one too long for a float).
+    return set(map(type, column)) <= {float} and all(map(math.isfinite, column))
+
+
+def texts_ok(column: Sequence[Any]) -> bool:
+    return set(map(type, column)) <= {str, _NONE}
+
+
+def flags_ok(column: Sequence[Any]) -> bool:
+    return set(map(type, column)) <= {bool, _NONE}
 
 
 # The meta fields a plot or a summary reads, by what they must hold; others are kept as they are.

@@ -25,8 +25,9 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from unimem.errors import ConfigError, UnimemWarning
 from unimem.observe.files import (
@@ -35,17 +36,21 @@ from unimem.observe.files import (
     check_meta,
     check_target,
     figure,
+    figures_ok,
+    flags_ok,
     moment,
+    moments_ok,
     open_recording,
     parse_document,
     parse_json,
     read_recording,
     shown,
     text,
+    texts_ok,
     write_atomically,
 )
 from unimem.observe.plotting import RanksPlot, plot_ranks, plot_recording
-from unimem.observe.stream import DEVICE, MARK, StreamReader
+from unimem.observe.stream import DEVICE, FRAMEWORK, MARK, StreamReader
 from unimem.sizes import format_bytes
 
 __all__ = ["BoundedSeries", "Mark", "Recorder", "Recording", "Sample", "load_recording", "plot_recordings"]
@@ -189,6 +194,15 @@ class BoundedSeries:
                 merged.append(items[-1])
             self._items = merged
             self.stride *= 2
+
+    def extend(self, items: Sequence[Any]) -> None:
+        """``add`` each of ``items`` in turn; at once while they fit without a merge."""
+        if self.stride == 1 and len(self._items) + len(items) < self.capacity:
+            self._items.extend(items)
+            self.seen += len(items)
+            return
+        for item in items:
+            self.add(item)
 
     def items(self) -> list[Any]:
         return [*self._items, self._pending] if self._pending is not None else list(self._items)
@@ -545,6 +559,117 @@ def _mark_from(row: object, where: str) -> Mark:
     return Mark(moment(row.get("time"), "time", where), label, allocated, reserved)
 
 
+def _sources_ok(column: Sequence[Any]) -> bool:
+    return set(map(type, column)) <= {str} and set(column) <= _SOURCES
+
+
+def _labels_ok(column: Sequence[Any]) -> bool:
+    return set(map(type, column)) <= {str}
+
+
+# What each field of a sample or mark read from a file may hold, checked a whole column at once.
+_Check = Callable[[Sequence[Any]], bool]
+_SAMPLE_CHECKS: dict[str, _Check] = {
+    "time": moments_ok,
+    "source": _sources_ok,
+    "peak_exact": flags_ok,
+    "error": texts_ok,
+    **dict.fromkeys(_INT_FIELDS, figures_ok),
+}
+_MARK_CHECKS: dict[str, _Check] = {
+    "time": moments_ok,
+    "label": _labels_ok,
+    "allocated": figures_ok,
+    "reserved": figures_ok,
+}
+_T = TypeVar("_T", Sample, Mark)
+
+
+def _made(kind: type[_T], fields: dict[str, Any]) -> _T:
+    """A ``Sample`` or ``Mark`` whose attributes are ``fields`` (every field of it, checked).
+
+    The dict becomes the object's attributes as it is: the frozen dataclass's ``__init__`` sets each
+    field through ``object.__setattr__``, six times the cost over a million samples.
+    """
+    item = object.__new__(kind)
+    object.__setattr__(item, "__dict__", fields)
+    return item
+
+
+def _columns_ok(rows: list[dict[str, Any]], checks: dict[str, _Check]) -> bool:
+    return all(ok([row[name] for row in rows]) for name, ok in checks.items())
+
+
+def _read_rows(
+    rows: list[Any], kind: type[_T], checks: dict[str, _Check], one: Callable[[object, str], _T], where: str
+) -> list[_T]:
+    """Each JSON object of ``rows`` as a ``kind``, checked a whole column at a time; when a column
+    fails, row by row with ``one``, which names the first row that is wrong (``where``, row N)."""
+    if set(map(type, rows)) <= {dict}:
+        fields = rows
+        try:  # as many names as fields, and each field found: the very fields (the usual file, and a quick test)
+            whole = set(map(len, rows)) <= {len(checks)} and _columns_ok(rows, checks)
+        except KeyError:
+            whole = False
+        if not whole:  # a field missing (an older file) is None, a name that is none is left out
+            fields = [{name: row.get(name) for name in checks} for row in rows]
+            whole = _columns_ok(fields, checks)
+        if whole:
+            return [_made(kind, row) for row in fields]
+    return [one(row, f"{where} {i + 1}") for i, row in enumerate(rows)]
+
+
+# A stream's records as the fields of a sample or a mark (positions: ``unimem.observe.stream``).
+_BLANK = dict.fromkeys(SAMPLE_FIELDS)
+
+
+def _device_row(r: list[Any]) -> dict[str, Any]:
+    return dict(
+        _BLANK,
+        time=r[1],
+        source=SOURCE_DEVICE,
+        device_total=r[2],
+        device_used=r[3],
+        process_used=r[4],
+        host_rss=r[5],
+        error=r[6],
+    )
+
+
+def _framework_row(r: list[Any]) -> dict[str, Any]:
+    return dict(_BLANK, time=r[1], source=SOURCE_FRAMEWORK, allocated=r[2], reserved=r[3], error=r[4])
+
+
+def _mark_row(r: list[Any]) -> dict[str, Any]:
+    return {"time": r[1], "label": r[2], "allocated": r[3], "reserved": r[4]}
+
+
+# Per record tag: its fields, and the checks of the fields it sets (the others are None).
+_RECORDS: dict[str, tuple[Callable[[list[Any]], dict[str, Any]], dict[str, _Check]]] = {
+    DEVICE: (_device_row, {name: _SAMPLE_CHECKS[name] for name in _DEVICE_FIELDS}),
+    FRAMEWORK: (_framework_row, {name: _SAMPLE_CHECKS[name] for name in _FRAMEWORK_FIELDS}),
+    MARK: (_mark_row, _MARK_CHECKS),
+}
+
+
+def _stream_items(records: list[list[Any]], first: int, source: Path) -> dict[str, list[Any]]:
+    """A batch of a stream's records as samples and marks, by tag, in the file's order.
+
+    Checked a whole column at a time; when a column fails, record by record, which names the
+    first line that is wrong.
+    """
+    rows = {tag: [build(r) for r in records if r[0] == tag] for tag, (build, _) in _RECORDS.items()}
+    if all(_columns_ok(rows[tag], checks) for tag, (_, checks) in _RECORDS.items()):
+        made: dict[str, list[Any]] = {tag: [_made(Sample, row) for row in rows[tag]] for tag in (DEVICE, FRAMEWORK)}
+        made[MARK] = [_made(Mark, row) for row in rows[MARK]]
+        return made
+    items: dict[str, list[Any]] = {tag: [] for tag in _RECORDS}
+    for line, record in enumerate(records, first):
+        row, where = _RECORDS[record[0]][0](record), f"{source}, line {line}"
+        items[record[0]].append(_mark_from(row, where) if record[0] == MARK else _sample_from(row, where))
+    return items
+
+
 def _recovered(count: int, expected: int | None, noun: str) -> str:
     return counted(count, noun) if expected is None else f"{count} of {counted(expected, noun)}"
 
@@ -599,8 +724,8 @@ def _load_json(path: object) -> tuple[Recording, str | None]:
     for name, value in (("samples", rows), ("marks", kept)):
         if not isinstance(value, list):
             raise ConfigError("path", f"{source}: {name!r} is {shown(value)}, expected an array")
-    samples = [_sample_from(row, f"{source}, sample {i + 1}") for i, row in enumerate(rows)]
-    marks = [_mark_from(row, f"{source}, mark {i + 1}") for i, row in enumerate(kept)]
+    samples = _read_rows(rows, Sample, _SAMPLE_CHECKS, _sample_from, f"{source}, sample")
+    marks = _read_rows(kept, Mark, _MARK_CHECKS, _mark_from, f"{source}, mark")
     meta = dict(check_meta(data.get("meta", {}), str(source)))
     count = data.get("count")
     if count is not None and not isinstance(count, dict):
@@ -711,20 +836,17 @@ def _read_stream(reader: StreamReader, source: Path) -> tuple[Recording, str | N
     capacity = meta.get("max_samples")
     if not isinstance(capacity, int) or not 100 <= capacity <= _MAX_STREAM_SAMPLES:
         capacity = DEFAULT_MAX_SAMPLES
-    series = {DEVICE: BoundedSeries(capacity), "f": BoundedSeries(capacity)}
+    series = {DEVICE: BoundedSeries(capacity), FRAMEWORK: BoundedSeries(capacity)}
     marks: deque[Mark] = deque(maxlen=capacity)
     seen = {"samples": 0, "marks": 0}
-    for line, record in reader:
-        where = f"{source}, line {line}"
-        if record[0] == MARK:
-            marks.append(_mark_from(dict(zip(_MARK_FIELDS, record[1:], strict=True)), where))
-            seen["marks"] += 1
-            continue
-        device = record[0] == DEVICE
-        names, kind = (_DEVICE_FIELDS, SOURCE_DEVICE) if device else (_FRAMEWORK_FIELDS, SOURCE_FRAMEWORK)
-        series[record[0]].add(_sample_from({**dict(zip(names, record[1:], strict=True)), "source": kind}, where))
-        seen["samples"] += 1
-    samples = merge_samples(series[DEVICE].items(), series["f"].items())
+    for first, records in reader.batches():
+        items = _stream_items(records, first, source)
+        for tag in (DEVICE, FRAMEWORK):
+            series[tag].extend(items[tag])
+            seen["samples"] += len(items[tag])
+        marks.extend(items[MARK])
+        seen["marks"] += len(items[MARK])
+    samples = merge_samples(series[DEVICE].items(), series[FRAMEWORK].items())
     end = reader.end
     if end is not None and reader.dropped:
         raise ConfigError("path", f"{source}: a partial line after the end record; the file was altered")
@@ -733,7 +855,7 @@ def _read_stream(reader: StreamReader, source: Path) -> tuple[Recording, str | N
             if end[name] != seen[name]:
                 raise ConfigError("path", f"{source} holds {seen[name]} {name} but its end counts {end[name]}; altered")
         meta.update(check_meta(end["meta"], f"{source}, end record"))
-    meta["decimation"] = {"device_stride": series[DEVICE].stride, "framework_stride": series["f"].stride}
+    meta["decimation"] = {"device_stride": series[DEVICE].stride, "framework_stride": series[FRAMEWORK].stride}
     if seen["samples"] > len(samples) or seen["marks"] > len(marks):
         notes = [
             *meta.get("notes", []),
@@ -755,7 +877,7 @@ def _read_stream(reader: StreamReader, source: Path) -> tuple[Recording, str | N
 def merge_samples(*streams: Iterable[Sample]) -> list[Sample]:
     """Samples of several streams as one list in time order."""
     merged = [sample for stream in streams for sample in stream]
-    merged.sort(key=lambda s: s.time)
+    merged.sort(key=attrgetter("time"))
     return merged
 
 

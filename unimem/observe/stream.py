@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from unimem.errors import ConfigError
-from unimem.observe.files import MAX_LINE_BYTES, create_atomically, parse_json
+from unimem.observe.files import MAX_LINE_BYTES, create_atomically, parse_json, parse_line
 
 __all__ = [
     "DEVICE",
     "FLUSH_EVERY",
     "FRAMEWORK",
     "MARK",
+    "BATCH",
     "STREAM_FORMAT",
     "StreamReader",
     "StreamWriter",
@@ -48,6 +49,7 @@ STREAM_FORMAT = "unimem.recording-stream/1"
 FLUSH_EVERY = 0.5  # seconds: a kill -9 of every process loses at most this much (plus one interval)
 DEVICE, FRAMEWORK, MARK = "d", "f", "m"
 ARITY = {DEVICE: 7, FRAMEWORK: 5, MARK: 5}  # elements of each record, its tag included
+BATCH = 10_000  # lines the loader checks at once: whole columns in C, and a bounded list in memory
 _BUFFER_BYTES = 1 << 16  # written sooner when this much is waiting
 
 
@@ -119,7 +121,7 @@ class StreamWriter:
 
 
 class StreamReader:
-    """The loader's side: the header's meta, then each record as ``(line number, list)``.
+    """The loader's side: the header's meta, then the records in batches (``batches``).
 
     Every line must be whole JSON of a known shape; after iterating, ``end`` holds the end record
     (None when the file was cut short) and ``dropped`` says whether a partial last line was left
@@ -161,18 +163,41 @@ class StreamReader:
         except UnicodeDecodeError:
             raise ConfigError("path", f"{self.where}, line {self.lines}: not UTF-8 text") from None
 
-    def __iter__(self) -> Iterator[tuple[int, list[Any]]]:
-        while (text := self._line()) is not None:
-            where = f"{self.where}, line {self.lines}"
-            if self.end is not None:
-                raise ConfigError("path", f"{where}: a line after the end record; the file was altered")
-            value = parse_json(text, where)
-            if isinstance(value, dict) and set(value) == {"end"}:
-                self.end = _end_record(value["end"], where)
-                continue
-            if not isinstance(value, list) or not value or value[0] not in ARITY or len(value) != ARITY[value[0]]:
-                raise ConfigError("path", f"{where}: not a sample or a mark of a unimem stream")
-            yield self.lines, value
+    def batches(self) -> Iterator[tuple[int, list[list[Any]]]]:
+        """Records in batches of up to ``BATCH`` lines: ``(line number of the first, records)``, one a line.
+
+        The loader checks each batch column by column. A line that is not a record ends the
+        reading with a ``ConfigError``, after the records before it were handed out (so a bad
+        value on an earlier line is still the one named).
+        """
+        while True:
+            first, records = self.lines + 1, list[list[Any]]()
+            try:
+                while len(records) < BATCH and (text := self._line()) is not None:
+                    record = self._record(text)
+                    if record is not None:
+                        records.append(record)
+            except ConfigError as exc:
+                if records:
+                    yield first, records
+                raise exc from None
+            if records:
+                yield first, records
+            if len(records) < BATCH:
+                return
+
+    def _record(self, text: str) -> list[Any] | None:
+        """One line's record; None for the end record (kept in ``end``)."""
+        line = self.lines
+        if self.end is not None:
+            raise ConfigError("path", f"{self.where}, line {line}: a line after the end record; the file was altered")
+        value = parse_line(text, lambda: f"{self.where}, line {line}")
+        if type(value) is list and value and type(value[0]) is str and len(value) == ARITY.get(value[0]):
+            return value
+        if isinstance(value, dict) and set(value) == {"end"}:
+            self.end = _end_record(value["end"], f"{self.where}, line {line}")
+            return None
+        raise ConfigError("path", f"{self.where}, line {line}: not a sample or a mark of a unimem stream")
 
 
 def _end_record(value: object, where: str) -> dict[str, Any]:
