@@ -242,3 +242,15 @@ def test_a_stream_with_whole_second_times_loads_as_written(tmp_path: Path) -> No
     last = recording.samples[-1]
     assert (last.time, last.allocated, last.reserved, last.source) == (1.7e9 + 100, 7, 8, "framework")
     assert type(last.time) is float and len(recording.samples) == 11
+
+
+def test_a_stream_longer_than_a_read_counts_its_lines_across_reads(tmp_path: Path) -> None:
+    lines = _stream_lines(12_000)  # about 1.3 MB: more than one read of the file
+    path = tmp_path / "memory.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.warns(unimem.UnimemWarning, match="recovered 24000 samples"):
+        assert len(load_recording(path).samples) == 24_000
+    lines[20_000] = json.dumps(["f", 1.7e9, 1, "two", None])
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(unimem.ConfigError, match=r"line 20001: reserved is 'two'"):
+        load_recording(path)

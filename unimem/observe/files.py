@@ -42,9 +42,9 @@ __all__ = [
     "open_recording",
     "parse_document",
     "parse_json",
-    "parse_line",
     "read_recording",
     "salvage_json",
+    "scan_json",
     "shown",
     "text",
     "texts_ok",
@@ -148,26 +148,13 @@ def parse_json(text: str, where: str) -> Any:
     return parse_document(text, where, frozenset())[0]
 
 
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
-_SCAN = cast(
-    Callable[[str, int], tuple[Any, int]], json.scanner.make_scanner(cast(Any, _DECODER))
-)  # one value at a position, without json.loads' per-call set-up
-
-
-def parse_line(line: str, where: Callable[[], str]) -> Any:
-    """One line of a stream (its text ending in a newline) as JSON, checked as ``parse_json`` checks it.
-
-    The line is scanned as one value ending at its newline; anything else (spaces around it, a
-    second value, a parser failure) goes through ``parse_json``, which says what is wrong.
-    ``where`` names the line, built only then: a stream has millions of lines.
-    """
-    try:
-        value, end = _SCAN(line, 0)
-    except (StopIteration, ValueError, RecursionError):
-        return parse_json(line, where())
-    if end != len(line) - 1:
-        return parse_json(line, where())
-    return value
+# One JSON value at a position of a text, as ``json.loads`` reads it (``NaN``, ``Infinity`` refused),
+# without its set-up on every call: a stream's million lines are scanned so, each value checked to
+# end at its line's end, and any other line goes to ``parse_json``, which says what is wrong.
+scan_json = cast(
+    Callable[[str, int], tuple[Any, int]],
+    json.scanner.make_scanner(cast(Any, json.JSONDecoder(parse_constant=_refuse_constant))),
+)
 
 
 def parse_document(text: str, where: str, arrays: frozenset[str]) -> tuple[Any, bool]:

@@ -31,14 +31,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from unimem.errors import ConfigError
-from unimem.observe.files import MAX_LINE_BYTES, create_atomically, parse_json, parse_line
+from unimem.observe.files import MAX_LINE_BYTES, create_atomically, parse_json, scan_json
 
 __all__ = [
     "DEVICE",
     "FLUSH_EVERY",
     "FRAMEWORK",
     "MARK",
-    "BATCH",
     "STREAM_FORMAT",
     "StreamReader",
     "StreamWriter",
@@ -49,7 +48,7 @@ STREAM_FORMAT = "unimem.recording-stream/1"
 FLUSH_EVERY = 0.5  # seconds: a kill -9 of every process loses at most this much (plus one interval)
 DEVICE, FRAMEWORK, MARK = "d", "f", "m"
 ARITY = {DEVICE: 7, FRAMEWORK: 5, MARK: 5}  # elements of each record, its tag included
-BATCH = 10_000  # lines the loader checks at once: whole columns in C, and a bounded list in memory
+_BLOCK_BYTES = 1 << 20  # read at once, its lines checked as one batch: whole columns in C, memory bounded
 _BUFFER_BYTES = 1 << 16  # written sooner when this much is waiting
 
 
@@ -134,10 +133,16 @@ class StreamReader:
         self.end: dict[str, Any] | None = None
         self.dropped = False
         self.lines = 0
-        first = self._line()
-        if first is None:
+        self._carry = b""  # the start of a line the last block read cut
+        block = self._block()
+        if block is None or not block[0]:
+            if block is not None and block[1] is not None:
+                raise block[1]
             raise ConfigError("path", f"{where}: cut before its first line ended; it holds no recording")
-        header = parse_json(first, f"{where}, line 1")
+        texts, self._after = block
+        self.lines = 1
+        header = parse_json(texts[0], f"{where}, line 1")
+        self._texts = texts[1:]  # the lines read with the first, not yet handed out
         if not isinstance(header, dict) or header.get("format") != STREAM_FORMAT:
             raise ConfigError(
                 "path", f"{where} is not a unimem stream (its first line lacks 'format': {STREAM_FORMAT!r})"
@@ -147,57 +152,94 @@ class StreamReader:
             raise ConfigError("path", f"{where}, line 1: 'meta' is not an object")
         self.meta: dict[str, Any] = meta
 
-    def _line(self) -> str | None:
-        """The next whole line's text; None at the end of the file or for a partial last line."""
-        raw = self._handle.readline(MAX_LINE_BYTES + 1)
-        if not raw:
-            return None
-        self.lines += 1
-        if len(raw) > MAX_LINE_BYTES:
-            raise ConfigError("path", f"{self.where}, line {self.lines}: over {MAX_LINE_BYTES} bytes; not a recording")
-        if not raw.endswith(b"\n"):
-            self.dropped = True  # the writer was stopped mid-line: the cut
-            return None
+    def _block(self) -> tuple[list[str], ConfigError | None] | None:
+        """The next whole lines (their text, newline left off) and the error of the line after them,
+        if it is over ``MAX_LINE_BYTES`` or not UTF-8; None at the end of the file."""
+        while True:
+            data = self._handle.read(_BLOCK_BYTES)
+            if not data:
+                self.dropped = bool(self._carry)  # the writer was stopped mid-line: the cut
+                return None
+            data = self._carry + data
+            cut = data.rfind(b"\n") + 1
+            self._carry = data[cut:]
+            if cut:
+                break
+            if len(self._carry) > MAX_LINE_BYTES:
+                return [], self._error(self.lines + 1, f"over {MAX_LINE_BYTES} bytes; not a recording")
+        raws = data[: cut - 1].split(b"\n")
+        error = None
+        if max(map(len, raws)) >= MAX_LINE_BYTES or len(self._carry) > MAX_LINE_BYTES:  # a newline counts
+            bad = next((i for i, raw in enumerate(raws) if len(raw) >= MAX_LINE_BYTES), len(raws))
+            raws, error = raws[:bad], self._error(self.lines + bad + 1, f"over {MAX_LINE_BYTES} bytes; not a recording")
         try:
-            return raw.decode("utf-8")
+            return b"\n".join(raws).decode("utf-8").split("\n") if raws else [], error
         except UnicodeDecodeError:
-            raise ConfigError("path", f"{self.where}, line {self.lines}: not UTF-8 text") from None
+            texts = []
+            for raw in raws:
+                try:
+                    texts.append(raw.decode("utf-8"))
+                except UnicodeDecodeError:
+                    return texts, self._error(self.lines + len(texts) + 1, "not UTF-8 text")
+            return texts, None  # not reached: lines that each decode, joined by newlines, decode
+
+    def _error(self, line: int, problem: str) -> ConfigError:
+        return ConfigError("path", f"{self.where}, line {line}: {problem}")
 
     def batches(self) -> Iterator[tuple[int, list[list[Any]]]]:
-        """Records in batches of up to ``BATCH`` lines: ``(line number of the first, records)``, one a line.
+        """The records, a block of lines at a time: ``(line number of the first, records)``, one a line.
 
         The loader checks each batch column by column. A line that is not a record ends the
         reading with a ``ConfigError``, after the records before it were handed out (so a bad
         value on an earlier line is still the one named).
         """
+        texts, after = self._texts, self._after
         while True:
             first, records = self.lines + 1, list[list[Any]]()
+            error: ConfigError | None = None
             try:
-                while len(records) < BATCH and (text := self._line()) is not None:
-                    record = self._record(text)
-                    if record is not None:
+                for text in texts:
+                    self.lines += 1
+                    try:  # the usual line: one record, scanned without json.loads' set-up
+                        value, end = scan_json(text, 0)
+                    except (StopIteration, ValueError, RecursionError):
+                        value, end = None, -1
+                    if (
+                        end == len(text)
+                        and type(value) is list
+                        and value
+                        and type(value[0]) is str
+                        and len(value) == ARITY.get(value[0])
+                        and self.end is None
+                    ):
+                        records.append(value)
+                    elif (record := self._record(text)) is not None:
                         records.append(record)
+                if after is not None:
+                    raise after
             except ConfigError as exc:
-                if records:
-                    yield first, records
-                raise exc from None
+                error = exc
             if records:
                 yield first, records
-            if len(records) < BATCH:
+            if error is not None:
+                raise error
+            block = self._block()
+            if block is None:
                 return
+            texts, after = block
 
     def _record(self, text: str) -> list[Any] | None:
-        """One line's record; None for the end record (kept in ``end``)."""
-        line = self.lines
+        """One line's record, every problem named; None for the end record (kept in ``end``)."""
+        where = f"{self.where}, line {self.lines}"
         if self.end is not None:
-            raise ConfigError("path", f"{self.where}, line {line}: a line after the end record; the file was altered")
-        value = parse_line(text, lambda: f"{self.where}, line {line}")
+            raise ConfigError("path", f"{where}: a line after the end record; the file was altered")
+        value = parse_json(text, where)
         if type(value) is list and value and type(value[0]) is str and len(value) == ARITY.get(value[0]):
             return value
         if isinstance(value, dict) and set(value) == {"end"}:
-            self.end = _end_record(value["end"], f"{self.where}, line {line}")
+            self.end = _end_record(value["end"], where)
             return None
-        raise ConfigError("path", f"{self.where}, line {line}: not a sample or a mark of a unimem stream")
+        raise ConfigError("path", f"{where}: not a sample or a mark of a unimem stream")
 
 
 def _end_record(value: object, where: str) -> dict[str, Any]:
