@@ -67,6 +67,20 @@ OPEN_MPI = {
 }
 
 
+# The prelude of the savers' framework scripts: R collects what they find, error_of(fn) what fn raised.
+SAVERS_PRELUDE = r"""
+import unimem
+R = {}
+
+def error_of(fn):
+    try:
+        fn()
+    except Exception as exc:
+        return {"type": type(exc).__name__, "feature": getattr(exc, "feature", None), "message": str(exc)}
+    return None
+"""
+
+
 def subprocess_env(env: dict[str, str | None] | None = None) -> dict[str, str]:
     """The environment a test subprocess starts with: quiet TF, no leaked settings.
 

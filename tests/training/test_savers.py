@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import need_framework, run_json
+from conftest import SAVERS_PRELUDE, need_framework, run_json
 
 import unimem
 from unimem import registry
@@ -20,17 +20,7 @@ from unimem.errors import ConfigError, UnsupportedFeature
 from unimem.support import FEATURES, Level
 from unimem.training.savers import POLICIES
 
-_COMMON = r"""
-import unimem
-R = {}
-
-def error_of(fn):
-    try:
-        fn()
-    except Exception as exc:
-        return {"type": type(exc).__name__, "feature": getattr(exc, "feature", None), "message": str(exc)}
-    return None
-"""
+_COMMON = SAVERS_PRELUDE
 
 _TORCH = r"""
 import torch

@@ -14,22 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import need_framework, run_json
+from conftest import SAVERS_PRELUDE, need_framework, run_json
 
 import unimem
 from unimem.errors import ConfigError
 
-_COMMON = r"""
-import unimem
-R = {}
-
-def error_of(fn):
-    try:
-        fn()
-    except Exception as exc:
-        return {"type": type(exc).__name__, "feature": getattr(exc, "feature", None), "message": str(exc)}
-    return None
-"""
+_COMMON = SAVERS_PRELUDE
 
 # The mechanism of fp32 SDPA on the H200, on the CPU: aten._scaled_dot_product_efficient_attention
 # (a kept op under "matmuls") draws its dropout seed from torch's default generator, and its backward
