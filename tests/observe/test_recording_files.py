@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from conftest import run_json
 from fault_trials import hostile_paths, mutated_outcomes, outcome
 
 import unimem
@@ -254,3 +255,24 @@ def test_a_stream_longer_than_a_read_counts_its_lines_across_reads(tmp_path: Pat
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with pytest.raises(unimem.ConfigError, match=r"line 20001: reserved is 'two'"):
         load_recording(path)
+
+
+def test_loading_leaves_the_garbage_collector_as_it_found_it(tmp_path: Path) -> None:
+    path = _recording().to_json(tmp_path / "memory.json")
+    seen = run_json(
+        f"""
+        import gc, unimem
+        path = {str(path)!r}
+        states = []
+        for enabled in (True, False):
+            gc.enable() if enabled else gc.disable()
+            unimem.load_recording(path)
+            try:
+                unimem.load_recording(path + ".missing")
+            except unimem.ConfigError:
+                pass
+            states.append(gc.isenabled())
+        emit(states)
+        """
+    )
+    assert seen == [True, False]
