@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+# One device split between frameworks, each in a fresh process: the slow set.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.covers("jax:growth", "jax:fraction", "torch:fraction")
 def test_split_with_torch_and_jax_turns_jax_growth_on_and_says_so(pyjson) -> None:

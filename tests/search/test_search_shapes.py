@@ -322,6 +322,7 @@ def build(
     max_trials=8,
     max_size=None,
 )
+@pytest.mark.slow
 def test_every_shape_ends_within_its_budget_with_a_size_that_ran(
     simulated: Current,
     shape: str,

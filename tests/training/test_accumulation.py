@@ -26,6 +26,9 @@ import unimem
 from unimem.errors import ConfigError
 from unimem.training.accumulation import AccumulationPlan, MicroBatch, accumulate, accumulate_grads, plan_accumulation
 
+# Every framework's accumulation in fresh processes and under DDP: the slow set.
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 1e-5
 
 _TORCH = r"""

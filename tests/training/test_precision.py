@@ -25,6 +25,9 @@ import unimem
 from unimem.errors import ConfigError, UnsupportedFeature
 from unimem.training.loss_scaling import ScalerConfig, next_scale
 
+# Every framework's mixed precision in fresh processes (a TensorFlow run alone is seconds): the slow set.
+pytestmark = pytest.mark.slow
+
 FRAMEWORKS = ("torch", "tensorflow", "jax")
 
 # --- what every probe records, in the same shape -----------------------------------------

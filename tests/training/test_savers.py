@@ -20,6 +20,9 @@ from unimem.errors import ConfigError, UnsupportedFeature
 from unimem.support import FEATURES, Level
 from unimem.training.savers import POLICIES
 
+# Every framework's savers in fresh processes, the runs shared by the module's tests: the slow set.
+pytestmark = pytest.mark.slow
+
 _COMMON = SAVERS_PRELUDE
 
 _TORCH = r"""
