@@ -45,7 +45,9 @@ BLOCK = re.compile(
 PRECISION_CALL = 'mixed_precision("fp16"'
 # Top-level modules a block may import, and the framework each needs.
 FRAMEWORK_OF = {"torch": "torch", "tensorflow": "tensorflow", "keras": "tensorflow", "jax": "jax", "cupy": "cupy"}
-SECONDS = 60  # far above what a marked block should take: catches a block grown into a real training run
+# Far above what a marked block takes even on a loaded two-core machine (under 90 s seen): it catches
+# a block grown into a real training run, not a slow machine.
+SECONDS = 300
 
 
 class Block(NamedTuple):
