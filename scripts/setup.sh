@@ -6,8 +6,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 extras="${1:-}"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
-python -m pip install -q --disable-pip-version-check -r requirements-cpu.txt
-python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}"
+python -m pip install -q --disable-pip-version-check --no-compile -r requirements-cpu.txt
+python -m pip install -q --disable-pip-version-check --no-compile -e ".${extras:+[$extras]}"
 # The browser tests (tests/observe/test_view_browser.py) drive Debian's chromium, never a downloaded
 # browser: installed here when missing, as root or with sudo. Where it cannot be, they fail, loudly.
 if [[ ",${extras}," == *",test,"* ]] && [ ! -x /usr/bin/chromium ]; then
