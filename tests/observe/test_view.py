@@ -134,10 +134,10 @@ def test_a_comparison_is_its_table_and_a_chart_per_workload_and_figure(tmp_path:
 @pytest.mark.parametrize(
     ("run", "said"),
     [
-        ({"workload": "mlp", "config": "default", "ok": False}, "run 1: framework is None, expected text"),
-        ({**RUNS[0], "step_ms": "fast"}, "run 1: step_ms is 'fast', expected a finite number"),
-        ({**RUNS[0], "process_peak": -1}, "run 1: process_peak is -1, expected a whole number"),
-        ({**RUNS[0], "parameters": None}, "run 1: parameters is None, expected a finite number"),
+        ({"workload": "mlp", "config": "default", "ok": False}, "result 1: framework is None, expected text"),
+        ({**RUNS[0], "step_ms": "fast"}, "result 1: step_ms is 'fast', expected a finite number"),
+        ({**RUNS[0], "process_peak": -1}, "result 1: process_peak is -1, expected a whole number"),
+        ({**RUNS[0], "parameters": None}, "result 1: parameters is None, expected a finite number"),
     ],
 )
 def test_a_damaged_comparison_is_refused_naming_the_file_and_the_run(tmp_path: Path, run: dict, said: str) -> None:

@@ -203,7 +203,7 @@ def _sorted(
             recordings.append((item, None))
         elif isinstance(item, Comparison):
             for index, run in enumerate(item.results):
-                _check_run(run, f"comparison {len(comparisons) + 1}, run {index + 1}")
+                _check_run(run, f"comparison {len(comparisons) + 1}, result {index + 1}")
             comparisons.append((item, None))
         elif isinstance(item, (str, os.PathLike)) and os.fspath(item):
             read = _read(item)
@@ -252,7 +252,7 @@ def load_comparison(data: object, where: str) -> Comparison:
     if not isinstance(machine, dict):
         raise ConfigError("path", f"{where}: 'machine' is {shown(machine)}, expected an object")
     for index, run in enumerate(data["results"]):
-        _check_run(run, f"{where}, run {index + 1}")
+        _check_run(run, f"{where}, result {index + 1}")
     return Comparison(list(data["results"]), dict(machine))
 
 
