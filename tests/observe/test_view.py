@@ -148,7 +148,7 @@ def test_a_damaged_comparison_is_refused_naming_the_file_and_the_run(tmp_path: P
 
 
 def test_a_comparison_object_is_checked_as_its_file_would_be(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"comparison 1, run 2: step_ms is nan, expected a finite number"):
+    with pytest.raises(ConfigError, match=r"comparison 1, result 2: step_ms is nan, expected a finite number"):
         write_view([Comparison([RUNS[0], {**RUNS[0], "step_ms": math.nan}])], tmp_path / "page.html")
     assert list(tmp_path.iterdir()) == []
 
