@@ -36,7 +36,8 @@ STEP = 0.001  # seconds between two samples: a 1 kHz monitor
 
 
 def _recording(samples: int, marks: int) -> Any:
-    from unimem.observe.recording import Mark, Recording, Sample
+    from unimem.observe.recording import Recording
+    from unimem.observe.samples import Mark, Sample
 
     rows = []
     for i in range(samples):

@@ -9,7 +9,8 @@
 - no ``_``-prefixed name is imported or reached from another module of the front;
 - no import cycle among the modules of ``unimem`` and ``unimem.backends``, imports inside
   functions included (``if TYPE_CHECKING:`` blocks excepted);
-- no function is much over 80 lines;
+- no function is much over 80 lines, and no module (``unimem/`` and ``backends/``, every folder
+  in them) is over 700 lines;
 - every module in ``backends/<name>/`` is named from the design's list (``TOPIC_MODULES``) or
   starts with ``_`` (a private helper).
 
@@ -492,6 +493,29 @@ def test_no_function_is_much_over_80_lines(source):
         if _code_lines(node) > FUNCTION_LINES and f"{source.rel}:{node.name}" not in MAX_LINES_EXEMPT
     ]
     assert not long, f"{source.rel}: " + ", ".join(long)
+
+
+MODULE_LINES = 700  # past this a module holds several things a reader looks for in different places
+
+
+def _over_module_limit(paths: list[Path]) -> list[tuple[Path, int]]:
+    counts = ((path, len(path.read_text(encoding="utf-8").splitlines())) for path in paths)
+    return [(path, lines) for path, lines in counts if lines > MODULE_LINES]
+
+
+def test_no_module_is_over_700_lines():
+    """Every module of ``unimem/`` and ``backends/``, subfolders included; a longer one is split by topic."""
+    assert {s.rel.split("/")[0] for s in ALL} == {"unimem", "backends"}
+    assert any(s.rel.count("/") > 1 for s in ALL), "subfolders are counted"
+    long = _over_module_limit([s.path for s in ALL])
+    assert not long, "over 700 lines: " + ", ".join(f"{p.relative_to(REPO)} ({n})" for p, n in long)
+
+
+def test_the_module_limit_catches_a_long_module(tmp_path: Path) -> None:
+    long, short = tmp_path / "long.py", tmp_path / "short.py"
+    long.write_text("x = 1\n" * (MODULE_LINES + 1), encoding="utf-8")
+    short.write_text("x = 1\n" * MODULE_LINES, encoding="utf-8")
+    assert _over_module_limit([long, short]) == [(long, MODULE_LINES + 1)]
 
 
 # Internal code holds a resolved adapter: it reads through ``unimem.api.read_snapshot`` and the

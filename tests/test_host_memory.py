@@ -15,7 +15,8 @@ import pytest
 
 import unimem
 from unimem import host_memory
-from unimem.observe.recording import Mark, Recording, Sample
+from unimem.observe.recording import Recording
+from unimem.observe.samples import Mark, Sample
 
 MB = 1_000_000
 TOLERANCE = 10 * MB  # the kernel counts resident pages per CPU and folds them in batches

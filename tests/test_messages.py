@@ -104,7 +104,8 @@ def test_a_bad_option_is_named_once_by_its_option(args: list[str], option: str) 
 
 
 def test_plot_without_matplotlib_names_the_command_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from unimem.observe.recording import Recording, Sample
+    from unimem.observe.recording import Recording
+    from unimem.observe.samples import Sample
 
     saved = Recording([Sample(1.0, "device", host_rss=1 << 20)]).to_json(tmp_path / "memory.json")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where the plot extra is not installed

@@ -78,9 +78,9 @@ _LAZY: dict[str, str] = {
     "RankLine": "observe.plotting",
     "RanksPlot": "observe.plotting",
     "plot_recordings": "observe.recording",
-    "Mark": "observe.recording",
+    "Mark": "observe.samples",
     "Recording": "observe.recording",
-    "Sample": "observe.recording",
+    "Sample": "observe.samples",
     "load_recording": "observe.recording",
     "Tracked": "observe.track",
     "track": "observe.track",
@@ -110,7 +110,8 @@ if TYPE_CHECKING:
     from unimem.observe.monitor import Monitor, monitor
     from unimem.observe.plotting import RankLine, RanksPlot
     from unimem.observe.profile import Profile, profile
-    from unimem.observe.recording import Mark, Recording, Sample, load_recording, plot_recordings
+    from unimem.observe.recording import Recording, load_recording, plot_recordings
+    from unimem.observe.samples import Mark, Sample
     from unimem.observe.track import Tracked, track
     from unimem.pool_fragmentation import Fragmentation, fragmentation
     from unimem.ranks import RankInfo, StrayMemory, local_device, rank_info, rank_path, stray_memory

@@ -241,7 +241,8 @@ def test_watch_json_in_a_pipe_is_one_json_line_per_frame_until_sigterm() -> None
 
 
 def _recording(tmp_path: Path) -> Path:
-    from unimem.observe.recording import Recording, Sample
+    from unimem.observe.recording import Recording
+    from unimem.observe.samples import Sample
 
     return Recording([Sample(1.0, "device", host_rss=1 << 20), Sample(2.0, "device", host_rss=2 << 20)]).to_json(
         tmp_path / "memory.json"

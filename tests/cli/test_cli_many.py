@@ -15,7 +15,8 @@ import pytest
 
 from tests.cli.cli_process import run_cli
 from tests.conftest import subprocess_env
-from unimem.observe.recording import Mark, Recording, Sample
+from unimem.observe.recording import Recording
+from unimem.observe.samples import Mark, Sample
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -133,7 +133,8 @@ def test_watch_on_every_interface_prints_a_valid_url_and_warns(bind: str, shown:
 
 def test_unimem_warnings_print_as_one_line_in_every_command(tmp_path: Path) -> None:
     """A recording cut short loads with a warning: one line, not Python's file-and-line format."""
-    from unimem.observe.recording import Recording, Sample
+    from unimem.observe.recording import Recording
+    from unimem.observe.samples import Sample
 
     saved = Recording([Sample(1.0 + i, "device", host_rss=(i + 1) << 20) for i in range(50)]).to_json(
         tmp_path / "m.json"

@@ -25,7 +25,8 @@ from typing import Any
 import psutil
 
 import unimem
-from unimem.observe.recording import Mark, Recording, Sample, load_recording
+from unimem.observe.recording import Recording, load_recording
+from unimem.observe.samples import Mark, Sample
 
 INTERVAL = 0.05  # the streamed monitor's interval in the kill trials
 
@@ -43,7 +44,7 @@ def reader():
 
 monitor_module.counter_reader = lambda name, device: (reader, "")
 with unimem.monitor(float(sys.argv[2]), path=sys.argv[1], framework_interval=0.02) as m:
-    print("READY", m._proc.pid, flush=True)
+    print("READY", m._link.proc.pid, flush=True)
     step = 0
     while True:
         m.mark(f"step {step}")
@@ -55,7 +56,8 @@ with unimem.monitor(float(sys.argv[2]), path=sys.argv[1], framework_interval=0.0
 # Saves one recording over and over to one file (JSON or CSV by its suffix).
 SAVER = """
 import sys
-from unimem.observe.recording import Mark, Recording, Sample
+from unimem.observe.recording import Recording
+from unimem.observe.samples import Mark, Sample
 
 samples = [Sample(1.7e9 + i / 100, "device", process_used=i << 10, host_rss=(i % 97) << 20) for i in range(20_000)]
 marks = [Mark(1.7e9 + i, f"epoch {i}", i << 20, None) for i in range(50)]
@@ -118,7 +120,7 @@ with unimem.monitor(0.05, path=sys.argv[2]) as m:
     if pid == 0:
         time.sleep(30)
         os._exit(0)
-    print("READY", m._proc.pid, pid, flush=True)
+    print("READY", m._link.proc.pid, pid, flush=True)
     time.sleep(60)
 """
 

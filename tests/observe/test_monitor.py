@@ -29,7 +29,8 @@ from PIL import Image
 import unimem
 import unimem.observe.monitor as monitor_module
 from unimem.cli.main import main as cli_main
-from unimem.observe.recording import BoundedSeries, Recording, Sample, load_recording
+from unimem.observe.recording import Recording, load_recording
+from unimem.observe.samples import BoundedSeries, Sample
 
 FLAKY_PROBE = """
     calls = {"n": 0}
@@ -311,7 +312,8 @@ def test_interleaved_streams_each_draw_a_line(tmp_path: Path) -> None:
     import matplotlib.pyplot as plt
 
     from unimem.observe.plotting import _draw_line
-    from unimem.observe.recording import SOURCE_DEVICE, SOURCE_FRAMEWORK, Recording, Sample
+    from unimem.observe.recording import Recording
+    from unimem.observe.samples import SOURCE_DEVICE, SOURCE_FRAMEWORK, Sample
 
     samples = []
     for i in range(20):

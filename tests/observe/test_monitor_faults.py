@@ -113,10 +113,10 @@ def test_a_hangup_the_training_process_ignores_leaves_the_stream_going(tmp_path:
 
             signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
             with unimem.monitor(0.05, path={str(path)!r}) as m:
-                os.kill(m._proc.pid, signal.SIGHUP)
+                os.kill(m._link.proc.pid, signal.SIGHUP)
                 time.sleep(0.5)
                 m.mark("after the hangup")
-                alive = m._proc.poll() is None
+                alive = m._link.proc.poll() is None
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 recording = unimem.load_recording({str(path)!r})

@@ -11,7 +11,8 @@ import pytest
 
 from unimem.errors import ConfigError
 from unimem.observe.plotting import _ranks_figure, _recording_figure
-from unimem.observe.recording import Mark, Recording, Sample
+from unimem.observe.recording import Recording
+from unimem.observe.samples import Mark, Sample
 
 MIB = 1 << 20
 START = 1_700_000_000.0

@@ -20,7 +20,8 @@ from fault_trials import hostile_paths, mutated_outcomes, outcome
 
 import unimem
 from unimem.observe import files
-from unimem.observe.recording import Mark, Recording, Sample, load_recording
+from unimem.observe.recording import Recording, load_recording
+from unimem.observe.samples import Mark, Sample
 
 
 def _recording(count: int = 30) -> Recording:

@@ -16,7 +16,8 @@ from view_pages import GIB, START, page_parts, synthetic_run
 from unimem.cli.main import main
 from unimem.compare.harness import Comparison, table_rows
 from unimem.errors import ConfigError
-from unimem.observe.recording import Mark, Recording, Sample
+from unimem.observe.recording import Recording
+from unimem.observe.samples import Mark, Sample
 from unimem.observe.view import FIGURES, view_html, write_view
 
 RUNS = [

@@ -23,7 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from unimem.observe.recording import Mark, Recording, Sample
+from unimem.observe.recording import Recording
+from unimem.observe.samples import Mark, Sample
 
 GIB = 1 << 30
 MIB = 1 << 20

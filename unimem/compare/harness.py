@@ -22,7 +22,7 @@ from unimem import registry
 from unimem.compare.worker import CONFIGS, SAVERS
 from unimem.compare.workloads import SIZES
 from unimem.errors import ConfigError
-from unimem.observe.recording import counted
+from unimem.observe.samples import counted
 
 __all__ = ["CONFIGS", "SAVERS", "Comparison", "compare", "failures", "table_rows", "timing_notes", "unsupported"]
 

@@ -19,7 +19,8 @@ import time
 from unimem import host_memory
 from unimem.config import check_device
 from unimem.errors import ConfigError
-from unimem.observe.recording import SOURCE_STEP, BoundedSeries, Mark, Recorder, Recording, Sample
+from unimem.observe.recording import Recorder, Recording
+from unimem.observe.samples import SOURCE_STEP, BoundedSeries, Mark, Sample
 from unimem.observe.track import Tracked
 
 __all__ = ["MemoryHook"]

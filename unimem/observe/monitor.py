@@ -5,7 +5,8 @@ the GIL, and slows the loop the more often it polls (the cost measured on a GPU 
 docs/measurements.md, "Monitor overhead"). So the work is split:
 
 - NVML (device used/total, this process's usage) and this process's host RSS are
-  read at ``interval`` by a separate *sampler process* (``unimem.observe.sampler``).
+  read at ``interval`` by a separate *sampler process* (``unimem.observe.sampler``; the
+  process and the pipes to it: ``unimem.observe.sampler_link``).
   It holds its own GIL; this process does nothing for those samples until they are
   collected (at ``stop()``, or when ``samples`` is read).
 - The framework's allocator counters exist only inside this process. A thread reads
@@ -39,14 +40,9 @@ framework's figures (None on the CPU) and host RSS, and the notes say why.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import select
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -54,7 +50,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 from unimem import ranks, registry
 from unimem.api import read_snapshot
@@ -62,13 +58,14 @@ from unimem.config import check_device
 from unimem.errors import BackendUnavailable, ConfigError, NoFigures, UnimemError, UnimemWarning
 from unimem.memory_stats import MemoryStats
 from unimem.observe.files import check_target
-from unimem.observe.recording import (
+from unimem.observe.recording import Recorder, Recording
+from unimem.observe.sampler_link import SamplerLink
+from unimem.observe.samples import (
+    DEFAULT_MAX_SAMPLES,
     SOURCE_DEVICE,
     SOURCE_FRAMEWORK,
     BoundedSeries,
     Mark,
-    Recorder,
-    Recording,
     Sample,
     counted,
     failed_readings_note,
@@ -82,11 +79,6 @@ __all__ = ["MIN_FRAMEWORK_INTERVAL", "MIN_INTERVAL", "Monitor", "check_interval"
 MIN_INTERVAL = 0.001  # faster, each tick is mostly the cost of reading NVML and /proc itself
 MIN_FRAMEWORK_INTERVAL = 0.01  # each in-process read wakes a thread that must take the GIL
 DEFAULT_FRAMEWORK_INTERVAL = 0.1
-DEFAULT_MAX_SAMPLES = 20_000
-_START_TIMEOUT = 60.0  # a cold interpreter on a loaded CI machine can take seconds
-_REPLY_TIMEOUT = 30.0
-_SEND_TIMEOUT = 1.0  # a sampler this far behind drops a record rather than stall the training loop
-_RELEASE_TIMEOUT = 2.0  # at exit, time the sampler has to write what it holds before it is killed
 
 Counters = tuple[int | None, int | None]  # (allocated, reserved)
 
@@ -113,41 +105,6 @@ def counter_reader(name: str | None, device: int) -> tuple[Callable[[], Counters
     if name is None or not registry.is_framework(name):
         return None, "no framework in use: allocator figures are not sampled"
     return registry.get_backend(name).observe.counter_reader(device)
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-
-
-class _Pipe:
-    """The write end of the sampler's stdin (non-blocking), and the lock every writer takes.
-
-    Shared with the finalizer that closes it when a monitor is never stopped: a daemon thread
-    still sending at exit then finds it closed, never a number the process reused.
-    """
-
-    def __init__(self, fd: int = -1) -> None:
-        self.fd = fd
-        self.lock = threading.Lock()
-
-    def close(self) -> None:
-        with self.lock:  # a line being written finishes first: the sampler never reads half of it
-            if self.fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(self.fd)
-            self.fd = -1
-
-
-def _release(proc: subprocess.Popen[bytes], pipe: _Pipe) -> None:
-    """A monitor never stopped (its process exits, or it was dropped): close the sampler's input
-    so it writes what it holds and ends; kill it only if it does not."""
-    pipe.close()
-    try:
-        proc.wait(timeout=_RELEASE_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
 
 
 # Every monitor made in this process, so a forked child can make its locks anew and let go of
@@ -226,17 +183,11 @@ class Monitor(Recorder):
         self._probe = probe
         self.backend: str | None = None
         self._lock = threading.Lock()
-        self._conversation = threading.Lock()
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._pipe = _Pipe()  # to the sampler
-        self._from_sampler = -1  # the read end of its stdout
-        self._inbox = bytearray()
+        self._notes: list[str] = []
+        self._link = SamplerLink(self._notes.append)  # the sampler process and the pipes to it
         self._stream_error: str | None = None
-        self._dropped = 0
-        self._stderr: IO[bytes] | None = None
-        self._finalizer: weakref.finalize | None = None
         self._reader: Callable[[], Counters] | None = None
         self._framework = BoundedSeries(max_samples)
         self._marks: deque[Mark] = deque(maxlen=max_samples)
@@ -245,7 +196,6 @@ class Monitor(Recorder):
         self._device_errors: list[str] = []
         self._device_error_count = 0
         self._device_stride = 1
-        self._notes: list[str] = []
         self._started: float | None = None
         self._stopped: float | None = None
         self.start_stats: MemoryStats | None = None
@@ -266,7 +216,7 @@ class Monitor(Recorder):
         """Samples kept so far; while running, the sampler process is asked for its count only."""
         device = len(self._device_rows)
         if self.running:
-            reply = self._ask("count")
+            reply = self._link.ask("count")
             if reply is not None and isinstance(reply.get("count"), int):
                 device = reply["count"]
         with self._lock:
@@ -317,7 +267,7 @@ class Monitor(Recorder):
             self._spawn()
         except BaseException:
             self._stopped = time.time()
-            self._finish_process(kill=False)  # interrupted while starting: the sampler ends, its file whole
+            self._link.finish(kill=False)  # interrupted while starting: the sampler ends, its file whole
             raise
         self._started = time.time()  # the timeline starts when the sampler is ready, not at its launch
         if self._reader is not None and self.framework_interval is not None:
@@ -344,106 +294,14 @@ class Monitor(Recorder):
             args += ["--probe", self._probe]
         if self.path is not None:
             args += ["--stream", os.path.abspath(self.path), "--meta", json.dumps(self._meta(), default=str)]
-        # The child resolves imports exactly as this process does (editable installs, PYTHONPATH, a checkout).
-        code = (
-            "import json, sys; sys.path[:] = json.loads(sys.argv.pop(1)); "
-            "from unimem.observe.sampler import main; sys.exit(main(sys.argv[1:]))"
-        )
-        # Kept open for the sampler's lifetime (read if it dies), closed in _finish_process.
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
-        # Pipes made here, not by Popen: raw descriptors this process alone owns (no buffered file
-        # object whose lock a fork could copy held), closed by a forked child at once.
-        stdin_read, to_sampler = os.pipe()
-        self._pipe = _Pipe(to_sampler)
-        self._from_sampler, stdout_write = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", code, json.dumps(sys.path), *args],
-                stdin=stdin_read,
-                stdout=stdout_write,
-                stderr=self._stderr,
-                close_fds=True,
-            )
-        except BaseException:
-            self._close_pipes()
-            raise
-        finally:
-            os.close(stdin_read)
-            os.close(stdout_write)
-        os.set_blocking(to_sampler, False)  # a stuck sampler must not stall the training loop
-        self._proc = proc
-        self._finalizer = weakref.finalize(self, _release, proc, self._pipe)
-        try:
-            ready = json.loads(self._read_line(_START_TIMEOUT))
-        except (UnimemError, ValueError) as exc:
-            self._finish_process(kill=True)
-            raise UnimemError(f"monitor: the sampler process did not start ({exc}){self._stderr_tail()}") from None
+        ready = self._link.start(args)
         if ready.get("stream", "ok") != "ok":
-            self._finish_process(kill=True)
+            self._link.finish(kill=True)
             raise ConfigError("path", str(ready["stream"]))
         if ready.get("probe") != "ok":
             self._notes.append(f"device figures unavailable: {ready.get('probe')}")
         if ready.get("host") != "ok":
             self._notes.append(str(ready.get("host")))
-
-    def _read_line(self, timeout: float) -> str:
-        """The sampler's next reply line, within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._inbox:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._from_sampler], [], [], left)[0]:
-                raise UnimemError(f"no answer from the sampler process in {timeout:g} s")
-            chunk = os.read(self._from_sampler, 1 << 16)
-            if not chunk:
-                raise UnimemError(
-                    f"the sampler process exited (code {None if self._proc is None else self._proc.poll()})"
-                )
-            self._inbox += chunk
-        line, _, rest = bytes(self._inbox).partition(b"\n")
-        self._inbox = bytearray(rest)
-        return line.decode()
-
-    def _send(self, line: bytes) -> bool:
-        """One line down the sampler's pipe; False if it is gone, or so far behind that the line is dropped."""
-        with self._pipe.lock:
-            fd = self._pipe.fd
-            if fd < 0:
-                return False
-            view, deadline = memoryview(line), time.monotonic() + _SEND_TIMEOUT
-            try:
-                while view:
-                    try:
-                        view = view[os.write(fd, view) :]
-                    except BlockingIOError:
-                        left = deadline - time.monotonic()
-                        if left <= 0 or not select.select([], [fd], [], left)[1]:
-                            self._dropped += 1
-                            return False
-            except OSError:
-                return False  # the sampler is gone; stop() says so
-            return True
-
-    def _stderr_tail(self) -> str:
-        if self._stderr is None:
-            return ""
-        self._stderr.seek(0)
-        text = self._stderr.read().decode(errors="replace").strip()
-        return f": {text[-2000:]}" if text else ""
-
-    def _ask(self, command: str) -> dict[str, Any] | None:
-        """One request to the sampler; None if it is gone (its data is then what was collected)."""
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return None
-        with self._conversation:
-            try:
-                if not self._send(command.encode() + b"\n"):
-                    raise UnimemError("its pipe is closed or full")
-                reply: dict[str, Any] = json.loads(self._read_line(_REPLY_TIMEOUT))
-            except (OSError, ValueError, UnimemError) as exc:
-                self._notes.append(f"sampler process lost: {exc}{self._stderr_tail()}")
-                return None
-        return reply
 
     def _take(self, reply: dict[str, Any] | None) -> None:
         if reply is None:
@@ -489,14 +347,14 @@ class Monitor(Recorder):
             failure = exc
         self._stopped = time.time()
         if self.path is not None:
-            self._send(encode({"end": json.loads(json.dumps(self._meta(), default=str))}))
-        self._take(self._ask("stop"))
-        self._finish_process(kill=False)
+            self._link.send(encode({"end": json.loads(json.dumps(self._meta(), default=str))}))
+        self._take(self._link.ask("stop"))
+        self._link.finish(kill=False)
         if self._device_error_count:
             first = self._device_errors[0] if self._device_errors else "?"
             self._notes.append(failed_readings_note(self._device_error_count, first))
-        if self._dropped:
-            self._notes.append(f"{counted(self._dropped, 'record')} not streamed: the sampler fell behind")
+        if self._link.dropped:
+            self._notes.append(f"{counted(self._link.dropped, 'record')} not streamed: the sampler fell behind")
         if self._stream_error is not None:
             self._notes.append(self._stream_error)
             warnings.warn(f"monitor: {self._stream_error}", UnimemWarning, stacklevel=2)
@@ -504,45 +362,14 @@ class Monitor(Recorder):
             raise failure
         return self.recording
 
-    def _close_pipes(self) -> None:
-        self._pipe.close()
-        if self._from_sampler >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._from_sampler)
-        self._from_sampler = -1
-
-    def _finish_process(self, kill: bool) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        self._pipe.close()  # its end of input: the sampler writes what it holds and ends
-        if kill:
-            _kill(proc)
-        else:
-            try:
-                proc.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                _kill(proc)
-        self._close_pipes()
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        if self._stderr is not None and not kill:
-            self._stderr.close()
-            self._stderr = None
-
     def _forked(self) -> None:
         """In a forked child: locks made anew (a thread of the parent may have held one at the fork),
         the pipe to the parent's sampler closed and the sampler never touched; a running monitor
         becomes a stopped copy."""
         self._lock = threading.Lock()
-        self._conversation = threading.Lock()
         self._stop_event = threading.Event()
         self._stop_event.set()
-        self._pipe.lock = threading.Lock()
-        self._close_pipes()
-        if self._finalizer is not None:
-            self._finalizer.detach()  # the sampler is the parent's to end
-        self._proc = None
+        self._link.forked()
         self._thread = None
         self._prometheus = None  # its server thread stayed in the parent
         if self.running:
@@ -579,7 +406,7 @@ class Monitor(Recorder):
             with lock:
                 add(sample)
             if self.path is not None:
-                self._send(encode([FRAMEWORK, now, sample.allocated, sample.reserved, sample.error]))
+                self._link.send(encode([FRAMEWORK, now, sample.allocated, sample.reserved, sample.error]))
 
     def mark(self, label: str) -> Mark:
         """Record an event (an epoch, a phase) with the allocator's figures now.
@@ -608,7 +435,7 @@ class Monitor(Recorder):
             self._marks.append(mark)
             self._marks_seen += 1
         if self.path is not None and self.running:
-            self._send(encode([MARK, mark.time, label, allocated, reserved]))
+            self._link.send(encode([MARK, mark.time, label, allocated, reserved]))
         return mark
 
     # --- results -----------------------------------------------------------------
@@ -631,7 +458,7 @@ class Monitor(Recorder):
     def samples(self) -> list[Sample]:
         """Every sample so far, in time order (while running, asks the sampler process)."""
         if self.running:
-            self._take(self._ask("dump"))
+            self._take(self._link.ask("dump"))
         with self._lock:
             framework = self._framework.items()
         return merge_samples(framework, self._device_samples())
@@ -721,7 +548,7 @@ class Monitor(Recorder):
                     allocated = reserved = None
                 gauges.append(Gauge("unimem_allocated_bytes", "Bytes in live tensors", labels, allocated))
                 gauges.append(Gauge("unimem_reserved_bytes", "Bytes the framework's pool holds", labels, reserved))
-            reply = self._ask("last")
+            reply = self._link.ask("last")
             row = reply["samples"][-1] if reply and reply.get("samples") else [None] * 6
             gauges.append(Gauge("unimem_device_total_bytes", "Device memory (NVML)", labels, row[1]))
             gauges.append(Gauge("unimem_device_used_bytes", "Device memory in use (NVML)", labels, row[2]))

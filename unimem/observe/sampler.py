@@ -46,7 +46,7 @@ from typing import Any
 from unimem import device_view
 from unimem.errors import ConfigError
 from unimem.observe.files import MAX_LINE_BYTES
-from unimem.observe.recording import BoundedSeries, failed_readings_note
+from unimem.observe.samples import BoundedSeries, failed_readings_note
 from unimem.observe.stream import ARITY, DEVICE, FRAMEWORK, MARK, StreamWriter, encode
 
 __all__ = ["PARENT_CHECK", "ParentWatch", "host_rss_reader", "main", "nvml_probe"]

@@ -1,0 +1,434 @@
+"""Recording files read back: a saved JSON or CSV, or a monitor's JSON Lines stream, as samples, marks and meta.
+
+``load_file(path)`` picks the reader by suffix and answers the parts of the recording the file
+holds (``Loaded``); ``unimem.observe.recording.load_recording`` makes the ``Recording`` of them.
+Every value read is checked: a whole column at once (in C, fast over a million rows), and, when
+a column fails, row by row to name the first row that is wrong. A file cut short gives what it
+holds and a note saying what was recovered; any other malformed file is a ``ConfigError``
+naming the file and the problem (the checks on single values: ``unimem.observe.files``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import gc
+import io
+import os
+import re
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from operator import itemgetter
+from pathlib import Path
+from typing import Any, TypeVar
+
+from unimem.errors import ConfigError
+from unimem.observe.files import (
+    MAX_SAVED_BYTES,
+    MAX_STREAM_BYTES,
+    check_meta,
+    figure,
+    figures_ok,
+    flags_ok,
+    moment,
+    moments_ok,
+    open_recording,
+    parse_document,
+    parse_json,
+    read_recording,
+    shown,
+    text,
+    texts_ok,
+)
+from unimem.observe.samples import (
+    CSV_HEADER,
+    CSV_META_PREFIX,
+    DEFAULT_MAX_SAMPLES,
+    FORMAT,
+    INT_FIELDS,
+    MARK_FIELDS,
+    MARK_FIGURES,
+    SAMPLE_FIELDS,
+    SOURCE_DEVICE,
+    SOURCE_FRAMEWORK,
+    SOURCES,
+    BoundedSeries,
+    Mark,
+    Sample,
+    counted,
+    merge_samples,
+)
+from unimem.observe.stream import DEVICE, FRAMEWORK, MARK, StreamReader
+
+__all__ = ["Loaded", "load_file"]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a recording file holds.
+
+    Attributes:
+        samples (list[Sample]): The samples read, every field checked.
+        marks (list[Mark]): The marks read.
+        meta (dict[str, Any]): The recording's meta, its known fields checked.
+        cut (str | None): What was recovered from a file cut short; None for a whole file.
+    """
+
+    samples: list[Sample]
+    marks: list[Mark]
+    meta: dict[str, Any]
+    cut: str | None = None
+
+
+def load_file(path: object) -> Loaded:
+    """The recording in ``path``, by suffix: ``.jsonl`` a monitor's stream, ``.csv`` CSV, anything else JSON.
+
+    Raises:
+        ConfigError: ``path`` is not a readable regular file within its format's size limit, or is
+            not a whole or cut unimem recording; the message names the file and the problem.
+    """
+    suffix = Path(path).suffix.lower() if isinstance(path, (str, os.PathLike)) and os.fspath(path) else ""
+    loader = {".jsonl": _load_stream, ".csv": _load_csv}.get(suffix, _load_json)
+    with _collector_paused():
+        return loader(path)
+
+
+_DEVICE_FIELDS = ("time", "device_total", "device_used", "process_used", "host_rss", "error")  # a stream's "d" record
+_FRAMEWORK_FIELDS = ("time", "allocated", "reserved", "error")  # a stream's "f" record
+_ARRAYS = frozenset({"samples", "marks"})
+_DIGITS = re.compile(r"[0-9]{1,20}")
+_MAX_STREAM_SAMPLES = 10_000_000  # a stream's max_samples beyond this is not one a monitor wrote
+
+
+def _sample_from(row: object, where: str) -> Sample:
+    """A sample read from a file, every field checked; else a ``ConfigError`` naming ``where``."""
+    if not isinstance(row, dict):
+        raise ConfigError("path", f"{where} is {shown(row)}, expected an object")
+    source = row.get("source")
+    if not isinstance(source, str) or source not in SOURCES:
+        raise ConfigError("path", f"{where}: source is {shown(source)}, expected one of {', '.join(sorted(SOURCES))}")
+    exact = row.get("peak_exact")
+    if exact is not None and not isinstance(exact, bool):
+        raise ConfigError("path", f"{where}: peak_exact is {shown(exact)}, expected true, false or null")
+    return Sample(
+        time=moment(row.get("time"), "time", where),
+        source=source,
+        peak_exact=exact,
+        error=text(row.get("error"), "error", where),
+        **{name: figure(row.get(name), name, where) for name in INT_FIELDS},
+    )
+
+
+def _mark_from(row: object, where: str) -> Mark:
+    """A mark read from a file, every field checked."""
+    if not isinstance(row, dict):
+        raise ConfigError("path", f"{where} is {shown(row)}, expected an object")
+    label = row.get("label")
+    if not isinstance(label, str):
+        raise ConfigError("path", f"{where}: label is {shown(label)}, expected text")
+    allocated, reserved = (figure(row.get(name), name, where) for name in MARK_FIGURES)
+    return Mark(moment(row.get("time"), "time", where), label, allocated, reserved)
+
+
+def _sources_ok(column: Sequence[Any]) -> bool:
+    return set(map(type, column)) <= {str} and set(column) <= SOURCES
+
+
+def _labels_ok(column: Sequence[Any]) -> bool:
+    return set(map(type, column)) <= {str}
+
+
+# What each field of a sample or mark read from a file may hold, checked a whole column at once.
+_Check = Callable[[Sequence[Any]], bool]
+_SAMPLE_CHECKS: dict[str, _Check] = {
+    "time": moments_ok,
+    "source": _sources_ok,
+    "peak_exact": flags_ok,
+    "error": texts_ok,
+    **dict.fromkeys(INT_FIELDS, figures_ok),
+}
+_MARK_CHECKS: dict[str, _Check] = {
+    "time": moments_ok,
+    "label": _labels_ok,
+    "allocated": figures_ok,
+    "reserved": figures_ok,
+}
+_T = TypeVar("_T", Sample, Mark)
+_SLICE = 1 << 16  # rows checked together
+
+
+def _made(kind: type[_T], fields: dict[str, Any]) -> _T:
+    """A ``Sample`` or ``Mark`` whose attributes are ``fields`` (every field of it, checked).
+
+    The dict becomes the object's attributes as it is: the frozen dataclass's ``__init__`` sets each
+    field through ``object.__setattr__``, six times the cost over a million samples.
+    """
+    item = object.__new__(kind)
+    object.__setattr__(item, "__dict__", fields)
+    return item
+
+
+def _columns_ok(rows: list[dict[str, Any]], checks: dict[str, _Check]) -> bool:
+    """Whether every field ``checks`` names passes its check, in every row (a ``KeyError`` if one lacks it).
+
+    Rows are read a slice at a time, each row once (its fields taken together, then turned into
+    columns): a pass per field over a million rows would fetch each row from memory again.
+    """
+    values = itemgetter(*checks)
+    for start in range(0, len(rows), _SLICE):
+        columns = zip(*map(values, rows[start : start + _SLICE]), strict=True)
+        if not all(ok(column) for ok, column in zip(checks.values(), columns, strict=True)):
+            return False
+    return True
+
+
+def _read_rows(
+    rows: list[Any], kind: type[_T], checks: dict[str, _Check], one: Callable[[object, str], _T], where: str
+) -> list[_T]:
+    """Each JSON object of ``rows`` as a ``kind``, checked a whole column at a time; when a column
+    fails, row by row with ``one``, which names the first row that is wrong (``where``, row N)."""
+    if set(map(type, rows)) <= {dict}:
+        fields = rows
+        try:  # as many names as fields, and each field found: the very fields (the usual file, and a quick test)
+            whole = set(map(len, rows)) <= {len(checks)} and _columns_ok(rows, checks)
+        except KeyError:
+            whole = False
+        if not whole:  # a field missing (an older file) is None, a name that is none is left out
+            fields = [{name: row.get(name) for name in checks} for row in rows]
+            whole = _columns_ok(fields, checks)
+        if whole:
+            return [_made(kind, row) for row in fields]
+    return [one(row, f"{where} {i + 1}") for i, row in enumerate(rows)]
+
+
+# A stream's records as the fields of a sample or a mark (positions: ``unimem.observe.stream``).
+_BLANK = dict.fromkeys(SAMPLE_FIELDS)
+
+
+def _device_row(r: list[Any]) -> dict[str, Any]:
+    return dict(
+        _BLANK,
+        time=r[1],
+        source=SOURCE_DEVICE,
+        device_total=r[2],
+        device_used=r[3],
+        process_used=r[4],
+        host_rss=r[5],
+        error=r[6],
+    )
+
+
+def _framework_row(r: list[Any]) -> dict[str, Any]:
+    return dict(_BLANK, time=r[1], source=SOURCE_FRAMEWORK, allocated=r[2], reserved=r[3], error=r[4])
+
+
+def _mark_row(r: list[Any]) -> dict[str, Any]:
+    return {"time": r[1], "label": r[2], "allocated": r[3], "reserved": r[4]}
+
+
+# Per record tag: its fields, and the checks of the fields it sets (the others are None).
+_RECORDS: dict[str, tuple[Callable[[list[Any]], dict[str, Any]], dict[str, _Check]]] = {
+    DEVICE: (_device_row, {name: _SAMPLE_CHECKS[name] for name in _DEVICE_FIELDS}),
+    FRAMEWORK: (_framework_row, {name: _SAMPLE_CHECKS[name] for name in _FRAMEWORK_FIELDS}),
+    MARK: (_mark_row, _MARK_CHECKS),
+}
+
+
+def _stream_items(records: list[list[Any]], first: int, source: Path) -> dict[str, list[Any]]:
+    """A batch of a stream's records as samples and marks, by tag, in the file's order.
+
+    Checked a whole column at a time; when a column fails, record by record, which names the
+    first line that is wrong.
+    """
+    rows = {tag: [build(r) for r in records if r[0] == tag] for tag, (build, _) in _RECORDS.items()}
+    if all(_columns_ok(rows[tag], checks) for tag, (_, checks) in _RECORDS.items()):
+        made: dict[str, list[Any]] = {tag: [_made(Sample, row) for row in rows[tag]] for tag in (DEVICE, FRAMEWORK)}
+        made[MARK] = [_made(Mark, row) for row in rows[MARK]]
+        return made
+    items: dict[str, list[Any]] = {tag: [] for tag in _RECORDS}
+    for line, record in enumerate(records, first):
+        row, where = _RECORDS[record[0]][0](record), f"{source}, line {line}"
+        items[record[0]].append(_mark_from(row, where) if record[0] == MARK else _sample_from(row, where))
+    return items
+
+
+def _recovered(count: int, expected: int | None, noun: str) -> str:
+    return counted(count, noun) if expected is None else f"{count} of {counted(expected, noun)}"
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, back as it was after.
+
+    A load makes millions of objects, none in a cycle; each collection the allocations trigger
+    would walk them all again (a third of a million-sample stream's load time).
+    """
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+def _load_json(path: object) -> Loaded:
+    content, source = read_recording(path, MAX_SAVED_BYTES)
+    data, cut = parse_document(content, str(source), _ARRAYS)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ConfigError(
+            "path", f"{source} is not a unimem recording (no 'format': {FORMAT!r}); save one with to_json()"
+        )
+    rows, kept = data.get("samples", []), data.get("marks", [])
+    for name, value in (("samples", rows), ("marks", kept)):
+        if not isinstance(value, list):
+            raise ConfigError("path", f"{source}: {name!r} is {shown(value)}, expected an array")
+    samples = _read_rows(rows, Sample, _SAMPLE_CHECKS, _sample_from, f"{source}, sample")
+    marks = _read_rows(kept, Mark, _MARK_CHECKS, _mark_from, f"{source}, mark")
+    meta = dict(check_meta(data.get("meta", {}), str(source)))
+    count = data.get("count")
+    if count is not None and not isinstance(count, dict):
+        raise ConfigError("path", f"{source}: 'count' is {shown(count)}, expected an object")
+    expected = [figure((count or {}).get(name), f"count {name!r}", str(source)) for name in ("samples", "marks")]
+    if cut:
+        recovered = (
+            f"{_recovered(len(samples), expected[0], 'sample')} and {_recovered(len(marks), expected[1], 'mark')}"
+        )
+        return Loaded(samples, marks, meta, f"{source} was cut short (it ends mid-way): recovered {recovered}")
+    for name, held, said in (("samples", len(samples), expected[0]), ("marks", len(marks), expected[1])):
+        if said is not None and held != said:
+            raise ConfigError("path", f"{source} holds {held} {name} but counts {said}; the file was altered")
+    return Loaded(samples, marks, meta, None)
+
+
+def _csv_cell(name: str, cell: str, where: str) -> Any:
+    """One CSV cell as the value its column holds (checked again as a sample's field)."""
+    if cell == "":
+        return None
+    if name in INT_FIELDS:
+        if not _DIGITS.fullmatch(cell):
+            raise ConfigError("path", f"{where}: {name} is {shown(cell)}, expected a whole number from 0 to 2**63")
+        return int(cell)
+    if name == "time":
+        try:
+            return float(cell)
+        except ValueError:
+            raise ConfigError("path", f"{where}: time is {shown(cell)}, expected seconds as a number") from None
+    if name == "peak_exact":
+        if cell not in ("true", "false"):
+            raise ConfigError("path", f"{where}: peak_exact is {shown(cell)}, expected true, false or empty")
+        return cell == "true"
+    return cell
+
+
+def _csv_header(first: str, source: Path) -> tuple[int | None, dict[str, Any]] | None:
+    """``(rows counted, meta)`` from a CSV's first line; None when it is not a comment unimem wrote."""
+    where = f"{source}, line 1"
+    if first.startswith(CSV_HEADER):
+        header = parse_json(first[len(CSV_HEADER) :], where)
+        if not isinstance(header, dict):
+            raise ConfigError("path", f"{where}: the header is {shown(header)}, expected an object")
+        rows = header.get("rows")
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise ConfigError("path", f"{where}: the row count is {shown(rows)}, expected a whole number")
+        return rows, dict(check_meta(header.get("meta", {}), where))
+    if first.startswith(CSV_META_PREFIX):  # written before CSVs counted their rows
+        return None, dict(check_meta(parse_json(first[len(CSV_META_PREFIX) :], where), where))
+    return None
+
+
+def _csv_rows(body: str, source: Path, offset: int) -> Iterable[tuple[str, dict[str, str]]]:
+    """``(where, row)`` for each data row; a row of the wrong width or broken quoting is a ``ConfigError``."""
+    reader = csv.reader(io.StringIO(body, newline=""))
+    try:
+        columns = next(reader, None)
+        if columns is None or not {"time", "source"} <= set(columns):
+            raise ConfigError("path", f"{source} is not a unimem CSV (no time and source columns)")
+        for row in reader:
+            where = f"{source}, line {reader.line_num + offset}"
+            if row and len(row) != len(columns):
+                raise ConfigError("path", f"{where}: {len(row)} fields where the header names {len(columns)}")
+            if row:
+                yield where, dict(zip(columns, row, strict=True))
+    except csv.Error as exc:
+        raise ConfigError("path", f"{source}, line {reader.line_num + offset}: {exc}") from None
+
+
+def _load_csv(path: object) -> Loaded:
+    content, source = read_recording(path, MAX_SAVED_BYTES)
+    first, _, rest = content.partition("\n")
+    header = _csv_header(first, source)
+    expected, meta = header if header is not None else (None, {})
+    body, offset = (rest, 1) if header is not None else (content, 0)
+    cut = expected is not None and not content.endswith("\n")
+    if cut:
+        body = body[: body.rfind("\n") + 1]  # the last line was written in part: left out
+    samples: list[Sample] = []
+    marks: list[Mark] = []
+    if body.strip() or expected is None:
+        for where, row in _csv_rows(body, source, offset):
+            if row["source"] == "mark":
+                cells = {name: _csv_cell(name, row.get(name, ""), where) for name in MARK_FIELDS if name != "label"}
+                marks.append(_mark_from({**cells, "label": row.get("label", "")}, where))
+            else:
+                samples.append(_sample_from({n: _csv_cell(n, row.get(n, ""), where) for n in SAMPLE_FIELDS}, where))
+    held = len(samples) + len(marks)
+    if expected is not None and held > expected:
+        raise ConfigError("path", f"{source} holds {held} rows but counts {expected}; the file was altered")
+    if expected is not None and (cut or held < expected):
+        return Loaded(samples, marks, meta, f"{source} was cut short: recovered {_recovered(held, expected, 'row')}")
+    return Loaded(samples, marks, meta, None)
+
+
+def _load_stream(path: object) -> Loaded:
+    handle, source = open_recording(path, MAX_STREAM_BYTES)
+    try:
+        with handle:
+            return _read_stream(StreamReader(handle, str(source)), source)
+    except OSError as exc:
+        raise ConfigError("path", f"{source} cannot be read ({exc.strerror or exc})") from None
+
+
+def _read_stream(reader: StreamReader, source: Path) -> Loaded:
+    """Every record into bounded series (the file keeps every sample; memory stays bounded)."""
+    meta = dict(check_meta(reader.meta, f"{source}, line 1"))
+    capacity = meta.get("max_samples")
+    if not isinstance(capacity, int) or not 100 <= capacity <= _MAX_STREAM_SAMPLES:
+        capacity = DEFAULT_MAX_SAMPLES
+    series = {DEVICE: BoundedSeries(capacity), FRAMEWORK: BoundedSeries(capacity)}
+    marks: deque[Mark] = deque(maxlen=capacity)
+    seen = {"samples": 0, "marks": 0}
+    for first, records in reader.batches():
+        items = _stream_items(records, first, source)
+        for tag in (DEVICE, FRAMEWORK):
+            series[tag].extend(items[tag])
+            seen["samples"] += len(items[tag])
+        marks.extend(items[MARK])
+        seen["marks"] += len(items[MARK])
+    samples = merge_samples(series[DEVICE].items(), series[FRAMEWORK].items())
+    end = reader.end
+    if end is not None and reader.dropped:
+        raise ConfigError("path", f"{source}: a partial line after the end record; the file was altered")
+    if end is not None:
+        for name in ("samples", "marks"):
+            if end[name] != seen[name]:
+                raise ConfigError("path", f"{source} holds {seen[name]} {name} but its end counts {end[name]}; altered")
+        meta.update(check_meta(end["meta"], f"{source}, end record"))
+    meta["decimation"] = {"device_stride": series[DEVICE].stride, "framework_stride": series[FRAMEWORK].stride}
+    if seen["samples"] > len(samples) or seen["marks"] > len(marks):
+        notes = [
+            *meta.get("notes", []),
+            f"read {len(samples)} of the file's {seen['samples']} samples, peaks and "
+            f"gaps kept, and its latest {len(marks)} marks (max_samples={capacity} per source)",
+        ]
+        meta["notes"] = notes
+    if end is not None:
+        return Loaded(samples, list(marks), meta, None)
+    last = f", the last at {samples[-1].time - meta['started']:.1f} s" if samples and meta.get("started") else ""
+    partial = "; a line written in part was left out" if reader.dropped else ""
+    cut = (
+        f"{source} has no end record (its run was killed, or is still going): recovered "
+        f"{counted(seen['samples'], 'sample')}{last} and {counted(seen['marks'], 'mark')}{partial}"
+    )
+    return Loaded(samples, list(marks), meta, cut)
