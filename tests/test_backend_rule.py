@@ -95,6 +95,7 @@ emit(snapshot())
     assert out["action"] == {"name": "jax"}
 
 
+@pytest.mark.slow
 def test_configured_wins_and_two_configured_are_ambiguous(pyjson, need):
     need("torch")
     need("jax")

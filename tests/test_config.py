@@ -289,6 +289,7 @@ def bad_configure_calls(draw: st.DrawFn) -> dict[str, Any]:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kwargs=bad_configure_calls())
+@pytest.mark.slow
 def test_any_bad_call_raises_config_error_and_changes_nothing(warm, kwargs):
     _fresh_nvml()
     before = snapshot()

@@ -239,6 +239,7 @@ def test_where_nvml_cannot_count_the_call_says_so_and_settings_stay_pending(monk
     assert json.loads(json.dumps(applied.as_dict()))["note"] == applied.note
 
 
+@pytest.mark.slow
 def test_a_framework_that_sees_no_gpu_says_no_device_in_a_fresh_process(pyjson, need):
     need("torch")
     out = pyjson(
@@ -320,6 +321,7 @@ emit({"at_call": at_call, "at_import": at_import, "skipped": sorted({a.backend f
 """
 
 
+@pytest.mark.slow
 def test_a_setting_spread_over_every_framework_is_warned_of_when_the_script_imports_one(pyjson, need):
     need("jax")
     out = pyjson(_SPREAD.replace("LATER", "pass"))
@@ -329,6 +331,7 @@ def test_a_setting_spread_over_every_framework_is_warned_of_when_the_script_impo
     assert not [m for m in out["at_import"] if not m.startswith("jax:")]  # of JAX alone
 
 
+@pytest.mark.slow
 def test_a_spread_setting_a_later_call_made_is_not_warned_of(pyjson, need):
     need("jax")
     out = pyjson(_SPREAD.replace("LATER", 'unimem.configure(backend="jax", allocator="async")'))

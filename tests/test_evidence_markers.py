@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from unimem.registry import BACKENDS
 from unimem.support import FEATURES
 
@@ -46,6 +48,7 @@ def test_every_backend_has_cpu_evidence():
         assert any(cell.startswith(f"{backend}:") for cell in cells), backend
 
 
+@pytest.mark.slow
 def test_the_matrix_generator_sees_every_cell_claimed_here():
     from unimem.cli import matrix
 

@@ -3,6 +3,8 @@ stops the session with an error; it never turns into skipped tests."""
 
 from __future__ import annotations
 
+import pytest
+
 TINY = ["tests/test_stats.py", "-q", "-p", "no:cacheprovider", "-k", "fields_are_exactly"]
 
 
@@ -28,6 +30,7 @@ def test_an_unknown_required_framework_fails_the_session(py):
     assert "mxnet" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_the_session_runs_when_the_required_frameworks_import(py):
     proc = _pytest(py, {"UNIMEM_TEST_BACKENDS": "jax"})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

@@ -60,6 +60,7 @@ def test_auto_with_nothing_imported_imports_nothing(pyjson):
     assert out["env"] == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
 
 
+@pytest.mark.slow
 def test_auto_with_only_torch_imported_configures_only_torch(pyjson, need):
     need("torch")
     out = pyjson(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.mark.slow
 def test_a_device_the_started_framework_lacks_is_a_config_error(pyjson) -> None:
     result = pyjson(
         """

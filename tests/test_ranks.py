@@ -264,6 +264,7 @@ def test_auto_spread_pins_the_frameworks_that_can(pyjson):
     assert not [w for w in result["warnings"] if "pin" in w]
 
 
+@pytest.mark.slow
 def test_nothing_is_set_when_the_framework_cannot_pin_here(pyjson):
     """torch imported without CUDA: the pin is skipped with a warning, never an error, and nothing is set."""
     code = "import torch\n" + _PLAN.replace("KWARGS", repr({"backend": "torch"}))
@@ -381,6 +382,7 @@ def test_at_cuda_init_the_pin_comes_first_and_the_cap_touches_the_rank_gpu_alone
 
 
 @pytest.mark.covers("jax:ranks.pin")
+@pytest.mark.slow
 def test_jax_sees_only_the_rank_gpu_once_imported(pyjson):
     code = (
         "import unimem\n"

@@ -185,6 +185,7 @@ def test_jax_settings_need_no_import_hook():
 
 
 @pytest.mark.covers("jax:growth", "jax:devices", "jax:allocator.uncached")
+@pytest.mark.slow
 def test_jax_devices_call_also_counts_as_started(pyjson):
     """jax.devices() starts the backend as an op does: growth, devices and allocator are then too late."""
     out = pyjson(

@@ -236,6 +236,7 @@ def test_allocator_conf_variable_follows_the_rename(version, var):
         ),
     ],
 )
+@pytest.mark.slow
 def test_torch_reads_the_allocator_config_unimem_wrote(pyjson, user_env, allocator, wanted):
     """torch's own allocator config (what the CUDA caching allocator is built from) holds
     unimem's keys, also when the user had set the pre-2.9 variable name."""
@@ -252,6 +253,7 @@ def test_torch_reads_the_allocator_config_unimem_wrote(pyjson, user_env, allocat
 
 
 @pytest.mark.covers("torch:fraction", "torch:limit", "torch:preallocate")
+@pytest.mark.slow
 def test_cap_hook_lands_in_torchs_cuda_init_queue_and_is_skipped_without_cuda(pyjson):
     out = pyjson(
         """
@@ -361,6 +363,7 @@ def test_no_warning_for_pending_torch_settings():
     assert applied.pending and not applied.skipped
 
 
+@pytest.mark.slow
 def test_at_first_forward_runs_once_when_the_gradients_are_gone(pyjson: Any) -> None:
     # find_batch_size's settle call empties torch's cache this way: at the first forward of
     # a step that set its gradients to None, so that the new ones leave the large segments.

@@ -156,6 +156,7 @@ def _run(code: str, site: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_plug_in_is_found_lazily_and_works_through_the_front(installed_toy: Path, tmp_path: Path) -> None:
     proc = _run(
         """
@@ -185,6 +186,7 @@ def test_the_plug_in_is_found_lazily_and_works_through_the_front(installed_toy: 
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_the_plug_in_passes_the_conformance_suite(installed_toy: Path, tmp_path: Path) -> None:
     _write(tmp_path, {"test_toy_conformance.py": TOY_CONFORMANCE})
     proc = subprocess.run(

@@ -50,6 +50,7 @@ def test_stats_of_one_backend_in_a_fresh_process_is_none_not_zero(backend: str) 
         assert data[key] is None, key
 
 
+@pytest.mark.slow
 def test_matrix_check_fails_on_a_stale_file(tmp_path: Path) -> None:
     stale = tmp_path / "matrix.md"
     stale.write_text("# hand-edited\n")

@@ -127,6 +127,7 @@ CAN = {("torch", "remat"), ("torch", "offload"), ("jax", "remat"), ("jax", "offl
 
 @pytest.mark.parametrize("framework", ["torch", "tensorflow", "jax"])
 @pytest.mark.parametrize("config", ["remat", "offload"])
+@pytest.mark.slow
 def test_each_saver_runs_where_the_framework_supports_it(saver_runs: Any, framework: str, config: str) -> None:
     runs, stdout = saver_runs
     if framework not in required_frameworks():

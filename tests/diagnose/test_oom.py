@@ -186,6 +186,7 @@ def test_real_oom_of_each_framework_is_recognised(real: tuple[str, dict[str, Any
 
 
 @pytest.mark.covers("torch:oom", "jax:oom", "tensorflow:oom")
+@pytest.mark.slow
 def test_a_shape_error_of_each_framework_is_not_an_oom(real: tuple[str, dict[str, Any]]) -> None:
     _, run = real
     assert run["shape_is_oom"] is False, run["shape_type"]
@@ -195,6 +196,7 @@ def test_a_shape_error_of_each_framework_is_not_an_oom(real: tuple[str, dict[str
 
 
 @pytest.mark.covers("torch:oom", "jax:oom", "tensorflow:oom")
+@pytest.mark.slow
 def test_wrapped_real_ooms_are_recognised(real: tuple[str, dict[str, Any]]) -> None:
     _, run = real
     assert run["wrapped_cause"] is True  # raise ... from oom
@@ -203,6 +205,7 @@ def test_wrapped_real_ooms_are_recognised(real: tuple[str, dict[str, Any]]) -> N
     assert run["wrapped_from_none"] is False  # raise ... from None hides the OOM on purpose
 
 
+@pytest.mark.slow
 def test_the_requested_bytes_are_read_from_each_real_message(real: tuple[str, dict[str, Any]]) -> None:
     _, run = real
     assert run["oom_requested"] == 1 << 58
@@ -210,6 +213,7 @@ def test_the_requested_bytes_are_read_from_each_real_message(real: tuple[str, di
 
 
 @pytest.mark.covers("torch:oom", "jax:oom", "tensorflow:oom")
+@pytest.mark.slow
 def test_guard_raises_out_of_memory_with_the_original_as_cause(real: tuple[str, dict[str, Any]]) -> None:
     _, run = real
     assert run["cause_type"] == run["oom_type"]
@@ -219,6 +223,7 @@ def test_guard_raises_out_of_memory_with_the_original_as_cause(real: tuple[str, 
     assert run["decorator_keeps_name"] == "bare"
 
 
+@pytest.mark.slow
 def test_report_names_the_live_tensor_and_ranks_suggestions(real: tuple[str, dict[str, Any]]) -> None:
     framework, run = real
     report = run["report"]
@@ -238,6 +243,7 @@ def test_report_names_the_live_tensor_and_ranks_suggestions(real: tuple[str, dic
     assert "What to try, most promising first:" in run["text"]
 
 
+@pytest.mark.slow
 def test_guard_drops_the_failed_steps_tensors(real: tuple[str, dict[str, Any]]) -> None:
     _, run = real
     assert run["held_after_guard"] == 0, "the failed step's tensor outlived the guard"
@@ -247,6 +253,7 @@ def test_guard_drops_the_failed_steps_tensors(real: tuple[str, dict[str, Any]]) 
 
 
 @pytest.mark.covers("tensorflow:fragmentation")
+@pytest.mark.slow
 def test_fragmentation_on_the_cpu_is_unknown_not_zero(real: tuple[str, dict[str, Any]]) -> None:
     framework, run = real
     frag = run["fragmentation"]

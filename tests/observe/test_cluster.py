@@ -77,6 +77,7 @@ def test_every_rank_reads_its_node_and_local_rank(torch_run):
 
 
 @pytest.mark.covers("torch:ranks.cluster")
+@pytest.mark.slow
 def test_the_view_gathers_every_rank_under_the_right_rank(torch_run):
     for result in torch_run.values():  # every rank gets the whole view
         view = result["given"]
@@ -91,6 +92,7 @@ def test_the_view_gathers_every_rank_under_the_right_rank(torch_run):
     assert "outlier: rank 3" in table and "mean" in table
 
 
+@pytest.mark.slow
 def test_measured_host_memory_differs_by_rank_as_allocated(torch_run):
     per_rank = torch_run[1]["measured"]["per_rank"]
     rss = [per_rank[str(rank)]["figures"].get("host_rss") for rank in range(4)]
@@ -104,6 +106,7 @@ def test_measured_host_memory_differs_by_rank_as_allocated(torch_run):
 
 
 @pytest.mark.covers("torch:ranks.cluster")
+@pytest.mark.slow
 def test_a_rank_asking_alone_returns_within_the_timeout(torch_run):
     alone = torch_run[0]["alone"]
     assert alone["missing"] == [1, 2, 3] and alone["seconds"] < 15

@@ -15,6 +15,7 @@ import pytest
 import unimem
 
 
+@pytest.mark.slow
 def test_jax_device_memory_profile_on_the_cpu(tmp_path: Path, pyjson: Any, need: Any) -> None:
     need("jax")
     result = pyjson(
@@ -31,6 +32,7 @@ def test_jax_device_memory_profile_on_the_cpu(tmp_path: Path, pyjson: Any, need:
     assert all(size > 0 for size in result["sizes"])
 
 
+@pytest.mark.slow
 def test_jax_that_never_ran_writes_nothing_and_says_so(tmp_path: Path, pyjson: Any, need: Any) -> None:
     need("jax")
     result = pyjson(

@@ -153,6 +153,7 @@ def test_with_memory_figures_it_finds_the_true_maximum_in_few_trials(real: tuple
 
 
 @pytest.mark.covers("torch:batch_size", "jax:batch_size", "tensorflow:batch_size")
+@pytest.mark.slow
 def test_without_memory_figures_it_doubles_then_bisects(real: tuple[str, dict[str, Any]]) -> None:
     framework, run = real
     search = run["blind"]
@@ -164,6 +165,7 @@ def test_without_memory_figures_it_doubles_then_bisects(real: tuple[str, dict[st
     assert len(search["trials"]) <= 14
 
 
+@pytest.mark.slow
 def test_nothing_of_the_failed_trials_is_held_after_the_search(real: tuple[str, dict[str, Any]]) -> None:
     _, run = real
     assert run["measured_held"] == 0 and run["blind_held"] == 0
@@ -172,6 +174,7 @@ def test_nothing_of_the_failed_trials_is_held_after_the_search(real: tuple[str, 
     assert run["naive_held"] >= 1
 
 
+@pytest.mark.slow
 def test_decorator_form_and_the_smallest_size_failing(real: tuple[str, dict[str, Any]]) -> None:
     framework, run = real
     true_max = run["true_max"] // 2  # the decorated step doubles the batch
@@ -370,6 +373,7 @@ class ConvexNeed(FixedPlusPerSample):
         return self.held + max(self.floor + self.floor_per_sample * n, self.fixed + self.per_sample * n)
 
 
+@pytest.mark.slow
 def test_the_h200_benchmark_shape_takes_six_trials_from_its_start() -> None:
     # The peaks an H200 showed for benchmarks/bench_batch_size.py's torch MLP under a 2% cap
     # (benchmarks/results/batch_size-gpu-torch.json): 1008 MB held, 235 MB of gradients +
@@ -415,6 +419,7 @@ def test_convex_needs_are_found_and_a_safe_jump_never_fails(
     assert not any(_says_saturated(note) for note in search.notes), str(search)  # convex: no saturation
 
 
+@pytest.mark.slow
 def test_a_start_that_does_not_fit_is_halved() -> None:
     step = Need(0, 1000, 1000 * 100)
     search = unimem.find_batch_size(step, start=1000, return_trials=True)
@@ -479,6 +484,7 @@ class Fragmenting(Need):
 
 
 @pytest.mark.parametrize(("after_oom", "confirmed"), [(0.99, True), (0.5, False)])
+@pytest.mark.slow
 def test_the_answer_is_re_run_after_the_last_failure(after_oom: float, confirmed: bool) -> None:
     step = Fragmenting(0, 100, 100 * 1000, after_oom)
     kwargs: dict[str, Any] = {"measure": step.measure, "limit": step.cap, "return_trials": True}
@@ -518,6 +524,7 @@ def test_result_reads_well_and_is_json_ready() -> None:
     assert "× batch (measure=)" in text
 
 
+@pytest.mark.slow
 def test_decorator_passes_the_arguments_through() -> None:
     seen: list[tuple[int, str]] = []
 
@@ -852,6 +859,7 @@ emit(R)
 """
 
 
+@pytest.mark.slow
 def test_a_step_whose_donated_state_an_oom_deleted_gets_the_cause_named(need: Any, pyjson: Any) -> None:
     need("jax")
     r = pyjson(_DONATING_STEP)

@@ -119,6 +119,7 @@ def test_without_a_resettable_mark_the_mark_that_rose_is_the_peak(monkeypatch: p
     assert (1 - found.margin) * largest <= found.batch_size <= largest, str(found)
 
 
+@pytest.mark.slow
 def test_limit_or_measure_or_a_device_keep_the_host_out_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
     host = Host(available=64 * GiB, resident=300 * MiB, fixed=0, per_sample=1 * MiB)
     host.serve(monkeypatch)
@@ -252,6 +253,7 @@ emit({"search": found.as_dict(), "start": START, "budget": BUDGET})
 
 
 @pytest.mark.covers("torch:batch_size")
+@pytest.mark.slow
 def test_a_torch_search_on_a_small_host_stops_before_the_kernel_has_to(need: Any, pyjson: Any) -> None:
     # An MLP search on a CPU host without limit= doubled until the kernel killed it (23.7 GB).
     need("torch")

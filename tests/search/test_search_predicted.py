@@ -108,6 +108,7 @@ def test_the_predicted_peak_is_the_step_s_measured_peak(need: Any, pyjson: Any) 
 
 
 @pytest.mark.covers("jax:batch_size")
+@pytest.mark.slow
 def test_predictions_find_the_largest_size_under_the_limit_without_a_failure(need: Any, pyjson: Any) -> None:
     need("jax")
     r = pyjson(_SEARCH)

@@ -128,6 +128,7 @@ def test_two_ranks_return_the_smaller_ranks_largest(two_ranks):
     assert searches[0]["smallest_failure"] == 38
 
 
+@pytest.mark.slow
 def test_a_size_that_failed_on_one_rank_failed_on_every_rank(two_ranks):
     for rank in (0, 1):
         trials = two_ranks[rank]["search"]["trials"]
@@ -135,11 +136,13 @@ def test_a_size_that_failed_on_one_rank_failed_on_every_rank(two_ranks):
         assert any(not t["fits"] and t["batch_size"] <= 100 for t in trials), "rank 0 ran a size rank 1 could not"
 
 
+@pytest.mark.slow
 def test_progress_prints_on_rank_0_only(two_ranks):
     assert "find_batch_size" in two_ranks[0]["printed"]
     assert two_ranks[1]["printed"] == ""
 
 
+@pytest.mark.slow
 def test_the_ddp_model_is_restored_after_the_search(two_ranks):
     for rank in (0, 1):
         assert two_ranks[rank]["synced"] and two_ranks[rank]["broadcast"]
@@ -191,6 +194,7 @@ def rank_main(rank):
 """
 
 
+@pytest.mark.slow
 def test_measured_peaks_are_combined_by_the_largest_and_the_plan_meets_the_global_batch():
     results = _fork_ranks([0, 0], _MEASURED)
     searches = [results[rank]["search"] for rank in (0, 1)]
@@ -259,6 +263,7 @@ def rank_main(rank):
 """
 
 
+@pytest.mark.slow
 def test_a_rank_that_never_arrives_is_named_after_the_timeout():
     results = _fork_ranks([8, 8], _MISSING)
     missing = results[0]
@@ -277,6 +282,7 @@ def rank_main(rank):
 """
 
 
+@pytest.mark.slow
 def test_ranks_passing_different_arguments_are_told_which():
     results = _fork_ranks([8, 8], _DIFFERENT)
     for rank in (0, 1):
@@ -362,6 +368,7 @@ def _fits_below(largest: int):
     return step
 
 
+@pytest.mark.slow
 def test_a_single_process_plans_the_global_batch_and_tries_no_larger_share():
     found = find_batch_size(_fits_below(1000), start=4, target_global_batch=100, return_trials=True, progress=False)
     assert found.world_size == 1 and found.batch_size == 100, "no micro-batch above the target is tried"

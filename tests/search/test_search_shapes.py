@@ -384,6 +384,7 @@ def test_the_h200_shape_that_crept_now_ends(simulated: Current) -> None:
     assert found.converged and found.failed_calls <= 3 and found.step_calls <= 14, str(found)
 
 
+@pytest.mark.slow
 def test_a_costly_failure_makes_the_search_approach_from_below(simulated: Current) -> None:
     # The same devices (their limit 2-20% over what they hold), once with failures 25 times as
     # slow as a run that fits (JAX), once with failures as cheap as torch's.

@@ -352,6 +352,7 @@ def _torch_modules() -> Any:
 # --- torch: random draws --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_torch_the_cpu_reproduces_a_kept_random_op_shifting_later_dropout():
     run = _torch_random()
     assert run["dropout_active"]
@@ -366,6 +367,7 @@ def test_torch_the_cpu_reproduces_a_kept_random_op_shifting_later_dropout():
         pytest.param("offload", marks=pytest.mark.covers("torch:remat.offload")),
     ],
 )
+@pytest.mark.slow
 def test_torch_gradients_are_exact_with_a_random_attention_kernel(policy):
     assert _torch_random()["grad_equal"][policy] <= 1e-6
 
@@ -378,6 +380,7 @@ def test_torch_matmuls_recomputes_a_drawing_attention_kernel_and_keeps_a_quiet_o
     assert run["attention_runs"]["offload"] == 1
 
 
+@pytest.mark.slow
 def test_torch_a_draw_from_an_own_generator_is_kept_or_refused_naming_the_policy_that_works():
     own = _torch_random()["own_generator"]
     assert own["matmuls"] == 0.0 and own["offload"] == 0.0
