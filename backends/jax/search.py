@@ -102,13 +102,17 @@ class JaxSearch(Search):
 
     def search_room_after_region(self, snapshot: MemoryStats) -> int | None:
         """The largest buffer XLA's allocator could hand out after a compilation took one more region: with
-        growth on, the pool grows in regions each twice the last (so the next about as large as the pool
-        so far), and XLA autotunes a compilation's kernels on real buffers, which may take one. None for a
-        preallocated pool (one region: a compilation takes nothing from the device) or unknown figures."""
+        growth on, the pool grows in regions, a new one at least twice the last (which holds the largest
+        free block) and, where they doubled one by one, about as large as the pool so far; XLA autotunes a
+        compilation's kernels on real buffers, which may take one. A region at least as large as what is
+        left under the limit takes all of it, and is one free block again after the autotuning: the room
+        stays. None for a preallocated pool (one region: a compilation takes nothing from the device) or
+        unknown figures."""
         limit, pool, block = snapshot.limit, snapshot.reserved, snapshot.largest_free_block
         if limit is None or pool is None or block is None or pool >= limit:
             return None
-        return max(block, limit - 2 * pool)
+        left, region = limit - pool, max(pool, 2 * block)
+        return max(block, left - region if region < left else left)
 
     def predict_rematerialized(self, lowered: Any) -> bool | None:
         """Whether XLA rematerialized ``lowered``'s compiled program (recomputes values to fit under its

@@ -4,11 +4,11 @@ Past its limit XLA rematerializes a step (it recomputes values to fit, and runs 
 peaks of those programs flatten and read as if they fit. The search takes a size whose compiled
 program was rematerialized as beyond the answer, compiles nothing past the smallest such size,
 and says in its notes where rematerialization begins. It places the answer in few
-compilations: on the three curves an H200 measured (``compilers.MEASURED``, replayed with the
-pool XLA's allocator grows and its autotuning's regions), at most five with the start's, none
-above 1.5 times the answer, and within the margin of the largest size that runs at full speed
-in the process as the search left it. Everything here is simulated (``compilers``): nothing
-imports a framework, and time is a simulated clock.
+compilations: on the three curves an H200 measured (``compilers.SETTINGS``: each on the whole GPU
+and under an 8 GiB cap, replayed with the pool XLA's allocator grows and its autotuning's
+regions), at most four after the start's, none above 1.5 times the answer, and within the margin
+of the largest size that runs at full speed in the process as the search left it. Everything
+here is simulated (``compilers``): nothing imports a framework, and time is a simulated clock.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ import warnings
 from typing import Any
 
 import pytest
-from compilers import FLAX_MLP, JAX_MLP, MEASURED, Compiler, Device, Simulated, install
+from compilers import FLAX_MLP, FLAX_MLP_RECORDED, JAX_MLP, SETTINGS, Compiler, Device, Simulated, install
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from unimem.backends.jax.search import JaxSearch
 
 import unimem
 from unimem import registry
+from unimem.search import scale
 
 MARGIN = 0.05
 
@@ -70,12 +71,12 @@ def check(outcome: Outcome) -> None:
         assert all(n < first for n in outcome.compiled[remat[0] + 1 :]), outcome.compiled
 
 
-@pytest.mark.parametrize("compiler", MEASURED, ids=[c.name for c in MEASURED])
-def test_the_measured_curves_take_five_compilations_none_far_past_the_answer(
+@pytest.mark.parametrize("compiler", SETTINGS.values(), ids=SETTINGS.keys())
+def test_the_measured_curves_take_four_compilations_after_the_start_none_far_past_the_answer(
     simulated: Simulated, compiler: Compiler
 ) -> None:
     # As the H200 measured them: the temporaries per sample rise with the size and level off (a
-    # line from small sizes overshoots two to four times), each compilation autotunes on real
+    # line from small sizes overshoots two to seven times), each compilation autotunes on real
     # buffers and may take a region from the pool, a compilation costs its measured seconds.
     outcome = search(simulated, compiler)
     found, device = outcome.found, outcome.device
@@ -93,6 +94,20 @@ def test_the_measured_curves_take_five_compilations_none_far_past_the_answer(
     # The notes say where the compiler would begin to rematerialize.
     note = next(n for n in found.notes if "rematerialize" in n)
     assert f"the largest: {max(outcome.compiled)}" in note, found.notes
+
+
+def test_the_replay_compiles_what_the_h200_compiled_from_far_past_the_start(
+    simulated: Simulated, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On the H200 the Flax MLP's search compiled 8192 (1024 times its start) and then 2036400, twice
+    # the answer and rematerialized: a line through 8192, where XLA's temporaries were a seventh of
+    # what they level off at, crossed the limit far past it. From the start's neighbourhood
+    # (``FIRST_REACH``) nothing is compiled past 1.5 times the answer (above); from 8192, the H200's.
+    monkeypatch.setattr(scale, "FIRST_REACH", 1024)
+    outcome = search(simulated, SETTINGS["flax-mlp-whole-gpu"])
+    first, guess = outcome.compiled[1:3]
+    assert first == 8192 and abs(guess - 2_036_400) <= 100, outcome.compiled
+    assert outcome.device.compiler.rematerialized(guess) and guess > 1.5 * outcome.found.batch_size
 
 
 @pytest.mark.parametrize("compiler", [FLAX_MLP, JAX_MLP], ids=["flax-mlp", "jax-mlp"])
@@ -122,13 +137,16 @@ def test_the_whole_gpu_flax_mlp_without_lower_takes_six_calls_and_two_failures(
     # Measured peaks only, on the whole H200 with growth on, where a failure costs 18 s: each call's
     # compilation and temporaries take regions that stay, so the cap is no capacity. After the first
     # failure the room left is read again; once a size took about all of it, the closing size ends it.
-    device = Device(FLAX_MLP, autotune=autotune)
+    # The curve as recorded: where XLA's bytes a sample dip at 8192 as the lower= search read them,
+    # the sure step from 8678 overshoots as that search's line did (an open case of the measured path).
+    flax = FLAX_MLP_RECORDED
+    device = Device(flax, autotune=autotune)
     simulated.device = device
-    device.step(FLAX_MLP.start)
+    device.step(flax.start)
     device.calls.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", unimem.UnimemWarning)
-        found = unimem.find_batch_size(device.step, start=FLAX_MLP.start, backend="jax", return_trials=True)
+        found = unimem.find_batch_size(device.step, start=flax.start, backend="jax", return_trials=True)
     assert len(device.calls) <= 6 and sum(not ok for _, ok in device.calls) <= 2, str(found)
     assert found.converged and found.batch_size in {n for n, ok in device.calls if ok}, str(found)
     assert found.batch_size >= (1 - MARGIN) * device.largest(), (str(found), device.largest())
@@ -232,6 +250,12 @@ def test_jax_room_after_a_region_and_in_a_pool_grown_to_its_limit() -> None:
     assert search.search_room_after_region(pool(2 * GiB, GiB // 2)) == 4 * GiB
     assert search.search_room_after_region(pool(3 * GiB, 2 * GiB)) == 2 * GiB
     assert search.search_room_after_region(pool(8 * GiB, 7 * GiB)) is None
+    # A pool grown in one region (the whole GPU after compiling one large size): the next region is
+    # twice that one, not as large as the pool.
+    whole = unimem.MemoryStats("jax", 0, allocated=GiB, reserved=17 * GiB, limit=104 * GiB, largest_free_block=16 * GiB)
+    assert search.search_room_after_region(whole) == 104 * GiB - 17 * GiB - 32 * GiB
+    # A region at least as large as what is left under the limit takes all of it, one block again after.
+    assert search.search_room_after_region(pool(5 * GiB, 2 * GiB)) == 3 * GiB
     assert search.search_room_after_region(unimem.MemoryStats("jax", 0, limit=8 * GiB)) is None
     # A pool grown to its limit has no room under it: one buffer gets its largest free block.
     assert search.search_capacity(pool(8 * GiB, 3 * GiB)) == GiB // 2 + 3 * GiB

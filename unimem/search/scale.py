@@ -55,6 +55,11 @@ SETTLED = 0.15
 # A line through sizes that have not levelled off crosses the limit at most this many times past
 # the answer (on an H200 two to four times: small sizes underestimate the bytes per sample).
 OVERSHOOT = 4.0
+# The one more small size compiled from the start alone is at most this many times the start: farther,
+# XLA may size the temporaries otherwise (on an H200 a Flax MLP's 8192, 1024 times its start, held 9 kB
+# a sample where 1024 held 33 kB and the sizes from 65536 on 66 kB: the line through it crossed the
+# limit seven times past the answer, and a quarter of that crossing was rematerialized).
+FIRST_REACH = 128
 # What a line through levelled-off sizes may be off in its slope (on an H200 0.5-2.4%): it bounds
 # the answer from above only this much less steep.
 SLACK = 0.02
@@ -440,15 +445,15 @@ class Scale:
     def _first_small(self, low: int, allowed: int) -> int:
         """From the start alone, whose bytes per sample have not levelled off: the nearer of the
         line from what the step holds at size 0 through the start (its outputs and fixed costs make
-        it steep: it lands under the answer) and a quarter of the largest buffers' line from zero.
-        ``GROWTH`` times ``low`` where neither rises."""
+        it steep: it lands under the answer) and a quarter of the largest buffers' line from zero, at
+        most ``FIRST_REACH`` times ``low``; ``GROWTH`` times ``low`` where neither rises."""
         sizes = []
         held = None if self.held is None else self.held - self.offset
         if held is not None and self.memo[low] > held:
             sizes.append(low * (allowed - held) / (self.memo[low] - held))
         if self.room is not None and self.largest.get(low, 0) > 0:
             sizes.append(low * self.room / self.largest[low] / OVERSHOOT)
-        return math.floor(min(min(sizes), REACH * low)) if sizes else GROWTH * low
+        return math.floor(min(min(sizes), FIRST_REACH * low)) if sizes else GROWTH * low
 
     def _in_bracket(self, allowed: int, low: int, out: int, fitting: list[int], margin: float) -> tuple[int, list[int]]:
         """The next size inside ``(low, out)``: aimed a little under the crossing so that it most
