@@ -753,9 +753,11 @@ def test_the_h200_jax_test_shape_is_not_extrapolated_far_past_a_sure_step(monkey
         search = unimem.find_batch_size(pool.step, start=32, backend="jax", return_trials=True)
     assert (1 - search.margin) * pool.RUNS_UP_TO <= search.batch_size <= pool.RUNS_UP_TO, str(search)
     # The line through 603 and 9278 predicted about 90000 (it failed on the GPU, costing a
-    # trial): the sure step comes first, so the only failure is the last, closing one.
+    # trial): the sure step comes first, so the only failure is the one the climb past the peaks
+    # at the cap ends with, a few margins past the last peak read.
     failed = [t.batch_size for t in search.trials if not t.fits]
-    assert failed == [search.trials[-1].batch_size] and len(search.trials) <= 8, str(search)
+    assert len(failed) == 1 and failed[0] < search.batch_size / (1 - search.margin) ** 2, str(search)
+    assert len(search.trials) <= 8, str(search)
 
 
 class RematNeed(Need):

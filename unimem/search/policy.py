@@ -100,6 +100,7 @@ def choose(run: Run, convex: bool) -> tuple[int, str]:
         jumped=last.fits and last.reason == "safe-jump",
         cautious=cautious,
         linear=linear,
+        **_climb(run),
     )
     high = upper_bound(run)
     # The close step is exempt: it ends the search if it fails, and gains the margin if not.
@@ -109,6 +110,21 @@ def choose(run: Run, convex: bool) -> tuple[int, str]:
     if run.host is not None:
         size = min(size, HOST_GROWTH * run.good)  # on the host a size that does not fit kills the process
     return (size if high is None else min(size, high)), reason
+
+
+def _climb(run: Run) -> dict[str, int]:
+    """For a framework that saves memory to fit (``adapter.search.rematerializes``; any, read through
+    ``measure=``): how many sizes in a row ran above the largest whose peak was read (their peak read
+    no higher: None, below the process's peak so far), and that size."""
+    top = max(run.points, default=None)
+    if top is None or (run.adapter is not None and not run.adapter.search.rematerializes):
+        return {"climb": 0, "peaked": 0}
+    climb = 0
+    for trial in reversed(run.trials):
+        if not trial.fits or trial.batch_size <= top[0]:
+            break
+        climb += 1
+    return {"climb": climb, "peaked": top[0]}
 
 
 def _place(run: Run) -> tuple[int, str] | None:
