@@ -3,14 +3,14 @@
     python benchmarks/bench_plot.py [--samples 1000000] [--marks 20000] [--runs 3] [--out FILE] [--machine LABEL]
 
 The recording (framework counters and NVML readings interleaved, a failed reading every 997
-NVML samples, marks spread evenly) is written once per format: ``to_json`` (``.json``), and the
-JSON Lines stream ``monitor(path=...)`` writes (``.jsonl``, with ``max_samples`` set to the
-sample count, so the loader keeps every sample). Then, per format, ``--runs`` fresh processes,
-each timing ``import unimem``, ``load_recording`` and ``Recording.plot`` to the default
-1000 × 500 PNG, in wall-clock and CPU seconds (the CPU seconds move far less with other work on
-the machine); the parent times each whole process too (interpreter start included). matplotlib's
-import (the first plot of a process pays it) is timed apart. Each figure is the median, min and
-max over the runs.
+NVML samples, marks spread evenly) is written once per format: ``to_json`` (``.json``, columns),
+``to_csv`` (``.csv``), and the JSON Lines stream ``monitor(path=...)`` writes (``.jsonl``, with
+``max_samples`` set to the sample count, so the loader keeps every sample). Then, per format,
+``--runs`` fresh processes, each timing ``import unimem``, ``load_recording`` and
+``Recording.plot`` to the default 1000 × 500 PNG, in wall-clock and CPU seconds (the CPU seconds
+move far less with other work on the machine); the parent times each whole process too
+(interpreter start included). matplotlib's import (the first plot of a process pays it) is timed
+apart. Each figure is the median, min and max over the runs.
 
 Run it alone on the machine: other work in it moves every figure.
 """
@@ -152,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     result["recording"] = {"samples": args.samples, "marks": args.marks, "png": "1000 x 500 (default)"}
     recording = _recording(args.samples, args.marks)
     with tempfile.TemporaryDirectory() as folder:
-        saved = {"json": recording.to_json(Path(folder) / "memory.json"), "jsonl": Path(folder) / "memory.jsonl"}
+        saved = {
+            "json": recording.to_json(Path(folder) / "memory.json"),
+            "csv": recording.to_csv(Path(folder) / "memory.csv"),
+            "jsonl": Path(folder) / "memory.jsonl",
+        }
         _write_stream(recording, saved["jsonl"])
         del recording
         result["formats"] = {

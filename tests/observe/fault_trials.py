@@ -10,6 +10,7 @@ test_recording_files.py assert on a few trials; benchmarks/bench_faults.py count
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -26,7 +27,7 @@ import psutil
 
 import unimem
 from unimem.observe.recording import Recording, load_recording
-from unimem.observe.samples import Mark, Sample
+from unimem.observe.samples import SAMPLE_FIELDS, Mark, Sample
 
 INTERVAL = 0.05  # the streamed monitor's interval in the kill trials
 
@@ -329,6 +330,23 @@ def _sample(**changes: Any) -> bytes:
     return _json_doc(samples=[{"time": 1.0, "source": "device", "host_rss": 1 << 20, **changes}])
 
 
+def rows_json(recording: Recording) -> bytes:
+    """``recording`` in the JSON ``to_json`` wrote before columns: one object per sample or mark, one a line."""
+    samples = ",\n".join(json.dumps({name: getattr(s, name) for name in SAMPLE_FIELDS}) for s in recording.samples)
+    marks = ",\n".join(json.dumps(dataclasses.asdict(m)) for m in recording.marks)
+    count = json.dumps({"samples": len(recording.samples), "marks": len(recording.marks)})
+    return (
+        f'{{"format": "unimem.recording/1",\n"count": {count},\n"meta": {json.dumps(recording.meta)},\n'
+        f'"samples": [\n{samples}\n],\n"marks": [\n{marks}\n]}}\n'
+    ).encode()
+
+
+def _columns(samples: Any, marks: Any = None) -> bytes:
+    """A columnar JSON (``to_json``'s) holding these blocks of samples and of marks."""
+    doc = {"format": "unimem.recording/3", "meta": {"backend": None}, "marks": marks or [], "samples": samples}
+    return json.dumps(doc).encode()
+
+
 def _csv(header: str, *rows: str) -> bytes:
     first = f'# unimem.recording/2 {{"rows": {len(rows)}, "meta": {{}}}}\n'
     return (first + header + "\r\n" + "".join(row + "\r\n" for row in rows)).encode()
@@ -347,6 +365,12 @@ def _stream(*lines: str, end: bool = True) -> bytes:
     if end:
         body.append(json.dumps({"end": {"samples": len(lines), "marks": 0, "meta": {}}}))
     return ("\n".join(body) + "\n").encode()
+
+
+def _doubled_block(data: bytes) -> bytes:
+    """A columnar JSON whose last block of samples is written twice (a line doubled)."""
+    block = data.split(b"\n")[-3]
+    return data.replace(block + b"\n]}", block + b",\n" + block + b"\n]}")
 
 
 def hostile_contents(folder: Path) -> dict[str, tuple[str, bytes]]:
@@ -402,6 +426,27 @@ def hostile_contents(folder: Path) -> dict[str, tuple[str, bytes]]:
         "broken mid-file": (".json", valid[".json"].replace(b"\n{", b"\n{{", 1)),
         "extra data": (".json", valid[".json"] + b"{}"),
         "cut JSON": (".json", valid[".json"][: len(valid[".json"]) // 2]),
+        "columns of unequal length": (".json", _columns([{"time": [1.0, 2.0], "source": ["device"]}])),
+        "a column not an array": (".json", _columns([{"time": 1.0, "source": "device"}])),
+        "a column null": (".json", _columns([{"time": [1.0], "source": ["device"], "allocated": None}])),
+        "a block not an object": (".json", _columns([[1.0, "device"]])),
+        "blocks an object": (".json", _columns({"time": [1.0], "source": ["device"]})),
+        "bytes as text in a column": (
+            ".json",
+            _columns([{"time": [1.0, 2.0], "source": ["device"] * 2, "allocated": [1, "1GiB"]}]),
+        ),
+        "time as text in a column": (".json", _columns([{"time": ["noon"], "source": ["device"]}])),
+        "no time column": (".json", _columns([{"source": ["device"]}])),
+        "a mark's label a number in a column": (".json", _columns([], [{"time": [1.0], "label": [7]}])),
+        "columnar count disagrees": (
+            ".json",
+            valid[".json"].replace(b'"samples": 40', b'"samples": 41'),
+        ),
+        "a block doubled": (".json", _doubled_block(valid[".json"])),
+        "cut JSON at a block's end": (
+            ".json",
+            valid[".json"][: valid[".json"].index(b"\n", valid[".json"].index(b'"samples": [')) + 1],
+        ),
         "CSV empty": (".csv", b""),
         "CSV binary": (".csv", random.Random(1).randbytes(4096)),
         "CSV not UTF-8": (".csv", _csv(_COLUMNS, "1.0,0,device" + _EMPTY).replace(b"device", b"d\xe9vice")),

@@ -10,13 +10,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import warnings
 from pathlib import Path
 
 import pytest
 from conftest import run_json
-from fault_trials import hostile_paths, mutated_outcomes, outcome
+from fault_trials import hostile_paths, mutated_outcomes, outcome, rows_json
 
 import unimem
 from unimem.observe import files
@@ -99,8 +100,19 @@ def test_a_save_keeps_the_files_permissions(tmp_path: Path) -> None:
 # --- cut files -----------------------------------------------------------------------------------
 
 
-def test_a_json_cut_short_gives_back_every_whole_sample_with_a_warning(tmp_path: Path) -> None:
-    whole = _recording().to_json(tmp_path / "memory.json").read_bytes()
+def test_a_json_cut_short_gives_back_every_whole_block_with_a_warning(tmp_path: Path) -> None:
+    whole = _recording(2500).to_json(tmp_path / "memory.json").read_bytes()
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(whole[: whole.index(b'{"time": [1700002000.0') + 100])  # in the third block of samples
+    recording, message = _loaded_with_warning(cut)
+    assert [s.time for s in recording.samples] == [1.7e9 + i for i in range(2000)]
+    assert [m.label for m in recording.marks] == ["epoch 1", "epoch 2"]  # written before the samples
+    assert "cut short" in message and "recovered 2000 of 2500 samples and 2 of 2 marks" in message
+    assert message in recording.notes
+
+
+def test_a_row_json_cut_short_gives_back_every_whole_sample_with_a_warning(tmp_path: Path) -> None:
+    whole = rows_json(_recording())  # the JSON written before columns: one sample a line
     cut = tmp_path / "cut.json"
     cut.write_bytes(whole[: whole.index(b'"time": 1700000012.0') + 5])
     recording, message = _loaded_with_warning(cut)
@@ -177,11 +189,25 @@ def test_a_long_stream_is_read_into_bounded_series_peaks_kept(tmp_path: Path) ->
 # --- whole columns checked at once, the offending row still named -------------------------------
 
 
-def _saved_rows(tmp_path: Path, count: int) -> tuple[Path, dict[str, object]]:
-    path = _recording(count).to_json(tmp_path / "memory.json")
-    return path, json.loads(path.read_text(encoding="utf-8"))
+def _with_values(tmp_path: Path, layout: str, count: int, changes: dict[int, dict[str, object]]) -> Path:
+    """A saved recording of ``count`` samples whose sample ``i`` has ``changes[i]`` written into it:
+    ``"columns"`` as ``to_json`` writes it, ``"rows"`` as it wrote before (one object a sample)."""
+    path = tmp_path / "memory.json"
+    if layout == "rows":
+        data = json.loads(rows_json(_recording(count)))
+        for row, fields in changes.items():
+            data["samples"][row].update(fields)
+    else:
+        data = json.loads(_recording(count).to_json(path).read_text(encoding="utf-8"))
+        block = data["samples"][0]
+        for row, fields in changes.items():
+            for name, value in fields.items():
+                block.setdefault(name, [None] * count)[row] = value
+    path.write_text(json.dumps(data).replace("Infinity", "1e999"), encoding="utf-8")
+    return path
 
 
+@pytest.mark.parametrize("layout", ["columns", "rows"])
 @pytest.mark.parametrize(
     ("field", "value", "problem"),
     [
@@ -196,22 +222,19 @@ def _saved_rows(tmp_path: Path, count: int) -> tuple[Path, dict[str, object]]:
         ("error", 5, "error is 5, expected text or null"),
     ],
 )
-def test_a_bad_value_deep_in_a_json_names_its_sample(tmp_path: Path, field: str, value: object, problem: str) -> None:
-    path, data = _saved_rows(tmp_path, 300)
-    samples = data["samples"]
-    assert isinstance(samples, list)
-    samples[250][field] = value
-    samples[280][field] = value
-    path.write_text(json.dumps(data).replace("Infinity", "1e999"), encoding="utf-8")
+def test_a_bad_value_deep_in_a_json_names_its_sample(
+    tmp_path: Path, layout: str, field: str, value: object, problem: str
+) -> None:
+    path = _with_values(tmp_path, layout, 300, {250: {field: value}, 280: {field: value}})
     with pytest.raises(unimem.ConfigError, match=f"sample 251: {problem}".replace("(", r"\(")) as info:
         load_recording(path)
     assert str(path) in str(info.value)
 
 
-def test_json_samples_with_whole_second_times_or_fields_left_out_load(tmp_path: Path) -> None:
-    path, data = _saved_rows(tmp_path, 30)
+def test_row_json_samples_with_whole_second_times_or_fields_left_out_load(tmp_path: Path) -> None:
+    path = tmp_path / "memory.json"
+    data = json.loads(rows_json(_recording(30)))
     samples = data["samples"]
-    assert isinstance(samples, list)
     samples[3]["time"] = 1_700_000_003  # an integer time: a float in memory
     del samples[7]["host_peak"]  # a field an older file lacks: unknown
     samples[9]["comment"] = "kept out"  # a name that is no field: left out
@@ -219,6 +242,83 @@ def test_json_samples_with_whole_second_times_or_fields_left_out_load(tmp_path: 
     loaded = load_recording(path)
     assert loaded.samples == _recording(30).samples
     assert type(loaded.samples[3].time) is float and not hasattr(loaded.samples[9], "comment")
+
+
+def test_column_json_with_whole_second_times_null_columns_or_unknown_columns_loads(tmp_path: Path) -> None:
+    path = _with_values(tmp_path, "columns", 30, {3: {"time": 1_700_000_003, "peak": None, "comment": "kept out"}})
+    loaded = load_recording(path)
+    assert loaded.samples == _recording(30).samples
+    assert type(loaded.samples[3].time) is float and not hasattr(loaded.samples[3], "comment")
+
+
+def test_to_json_writes_blocks_of_columns_that_load_back_whole(tmp_path: Path) -> None:
+    """One array per field, at most 1,000 rows a block; a field no row of a block knows is left out."""
+    samples = [
+        Sample(
+            1.7e9 + i, "device", process_used=i << 20, host_rss=(i + 1) << 20, error="NVML: timeout" if i == 5 else None
+        )
+        for i in range(2500)
+    ]
+    samples.append(Sample(1.7e9 + 3000, "step", 1, 2, 3, False, 4, 5, 6, 7, 8, 9, None))
+    recording = Recording(samples, [Mark(1.7e9 + 1, "epoch 1", 3, None)], {"backend": None, "notes": ["a note"]})
+    path = recording.to_json(tmp_path / "memory.json")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert data["format"] == "unimem.recording/3" and data["count"] == {"samples": 2501, "marks": 1}
+    assert [len(block["time"]) for block in data["samples"]] == [1000, 1000, 501]
+    assert list(data["samples"][0]) == ["time", "source", "process_used", "host_rss", "error"]
+    assert list(data["samples"][1]) == ["time", "source", "process_used", "host_rss"]
+    assert data["marks"] == [{"time": [1.7e9 + 1], "label": ["epoch 1"], "allocated": [3]}]
+    for saved in (path, recording.to_csv(tmp_path / "memory.csv")):
+        loaded = load_recording(saved)
+        assert (loaded.samples, loaded.marks) == (recording.samples, recording.marks), saved
+        assert loaded.samples[-1].peak_exact is False and loaded.samples[0].peak is None
+
+
+def test_columns_of_unequal_length_are_refused_naming_the_block(tmp_path: Path) -> None:
+    path = _recording(2500).to_json(tmp_path / "memory.json")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    del data["samples"][1]["host_rss"][-1]
+    path.write_text(json.dumps(data), encoding="utf-8")
+    lengths = "(time 1000, source 1000, process_used 1000, host_rss 999)"
+    with pytest.raises(
+        unimem.ConfigError, match=re.escape(f"samples' block 2: its columns differ in length {lengths}")
+    ):
+        load_recording(path)
+
+
+# --- CSV: whole columns, the offending line still named ------------------------------------------
+
+
+@pytest.mark.parametrize("quoted", [False, True])
+def test_a_bad_value_deep_in_a_csv_names_its_line(tmp_path: Path, quoted: bool) -> None:
+    """Cells split at once where nothing is quoted, read by the CSV reader where something is."""
+    recording = _recording(300)
+    if quoted:
+        recording.marks.append(Mark(1.7e9 + 30, 'phase "b", part 2'))
+    text = recording.to_csv(tmp_path / "memory.csv").read_text(encoding="utf-8")
+    assert load_recording(tmp_path / "memory.csv").marks == recording.marks
+    lines = text.split("\n")
+    header = lines[1].split(",")
+    cells = lines[250].split(",")
+    cells[header.index("process_used")] = "-5"
+    lines[250] = ",".join(cells)
+    (tmp_path / "memory.csv").write_text("\n".join(lines), encoding="utf-8")
+    with pytest.raises(unimem.ConfigError, match=r"line 251: process_used is '-5'"):
+        load_recording(tmp_path / "memory.csv")
+
+
+def test_a_csv_marks_row_is_read_for_a_marks_cells_alone(tmp_path: Path) -> None:
+    """A cell a mark has no field for is not read (a sample's column in a mark's row)."""
+    text = _recording().to_csv(tmp_path / "memory.csv").read_text(encoding="utf-8")
+    lines = text.split("\n")
+    header = lines[1].split(",")
+    at = next(i for i, line in enumerate(lines) if ",mark," in line)
+    cells = lines[at].split(",")
+    cells[header.index("peak_exact")] = "maybe"
+    lines[at] = ",".join(cells)
+    (tmp_path / "memory.csv").write_text("\n".join(lines), encoding="utf-8")
+    loaded = load_recording(tmp_path / "memory.csv")
+    assert (loaded.samples, loaded.marks) == (_recording().samples, _recording().marks)
 
 
 def test_a_stream_names_the_first_bad_line_even_before_an_unreadable_one(tmp_path: Path) -> None:

@@ -18,8 +18,9 @@ import os
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from operator import itemgetter
+from dataclasses import dataclass, fields
+from itertools import compress, repeat
+from operator import eq, itemgetter, methodcaller, not_
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,6 +50,7 @@ from unimem.observe.samples import (
     INT_FIELDS,
     MARK_FIELDS,
     MARK_FIGURES,
+    ROWS_FORMAT,
     SAMPLE_FIELDS,
     SOURCE_DEVICE,
     SOURCE_FRAMEWORK,
@@ -141,12 +143,9 @@ def _labels_ok(column: Sequence[Any]) -> bool:
 
 # What each field of a sample or mark read from a file may hold, checked a whole column at once.
 _Check = Callable[[Sequence[Any]], bool]
-_SAMPLE_CHECKS: dict[str, _Check] = {
-    "time": moments_ok,
-    "source": _sources_ok,
-    "peak_exact": flags_ok,
-    "error": texts_ok,
-    **dict.fromkeys(INT_FIELDS, figures_ok),
+_SAMPLE_CHECKS: dict[str, _Check] = {  # in the fields' order, so messages name columns in it
+    name: {"time": moments_ok, "source": _sources_ok, "peak_exact": flags_ok, "error": texts_ok}.get(name, figures_ok)
+    for name in SAMPLE_FIELDS
 }
 _MARK_CHECKS: dict[str, _Check] = {
     "time": moments_ok,
@@ -158,15 +157,33 @@ _T = TypeVar("_T", Sample, Mark)
 _SLICE = 1 << 16  # rows checked together
 
 
-def _made(kind: type[_T], fields: dict[str, Any]) -> _T:
-    """A ``Sample`` or ``Mark`` whose attributes are ``fields`` (every field of it, checked).
+def _made(kind: type[_T], rows: Iterable[dict[str, Any]]) -> list[_T]:
+    """A ``Sample`` or ``Mark`` of each of ``rows``, whose attributes are the row's dict (every field, checked).
 
-    The dict becomes the object's attributes as it is: the frozen dataclass's ``__init__`` sets each
-    field through ``object.__setattr__``, six times the cost over a million samples.
+    The dict becomes the object's attributes as it is, and every object is made and given its dict
+    by ``map`` in C: the frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``, six times the cost over a million samples.
     """
-    item = object.__new__(kind)
-    object.__setattr__(item, "__dict__", fields)
-    return item
+    rows = rows if isinstance(rows, list) else list(rows)
+    made = list(map(object.__new__, repeat(kind, len(rows))))
+    deque(map(object.__setattr__, made, repeat("__dict__"), rows), maxlen=0)
+    return made
+
+
+# Fields whose default is None. A row made from columns leaves one out when no row knows it: the
+# dataclass's class attribute, its default, answers for it, and a dict of fewer keys is made sooner.
+_NULL_DEFAULTS = {kind: frozenset(f.name for f in fields(kind) if f.default is None) for kind in (Sample, Mark)}
+
+
+def _from_columns(kind: type[_T], columns: dict[str, list[Any]], keep: Iterable[bool] | None = None) -> list[_T]:
+    """A ``kind`` of each row of ``columns`` (checked, of one length) where ``keep`` is true (None: every row)."""
+    kept = {
+        name: column
+        for name, column in columns.items()
+        if name not in _NULL_DEFAULTS[kind] or column.count(None) < len(column)
+    }
+    rows = map(dict, map(zip, repeat(tuple(kept)), zip(*kept.values(), strict=True)))
+    return _made(kind, rows if keep is None else compress(rows, keep))
 
 
 def _columns_ok(rows: list[dict[str, Any]], checks: dict[str, _Check]) -> bool:
@@ -189,16 +206,56 @@ def _read_rows(
     """Each JSON object of ``rows`` as a ``kind``, checked a whole column at a time; when a column
     fails, row by row with ``one``, which names the first row that is wrong (``where``, row N)."""
     if set(map(type, rows)) <= {dict}:
-        fields = rows
+        given = rows
         try:  # as many names as fields, and each field found: the very fields (the usual file, and a quick test)
             whole = set(map(len, rows)) <= {len(checks)} and _columns_ok(rows, checks)
         except KeyError:
             whole = False
         if not whole:  # a field missing (an older file) is None, a name that is none is left out
-            fields = [{name: row.get(name) for name in checks} for row in rows]
-            whole = _columns_ok(fields, checks)
+            given = [{name: row.get(name) for name in checks} for row in rows]
+            whole = _columns_ok(given, checks)
         if whole:
-            return [_made(kind, row) for row in fields]
+            return _made(kind, given)
+    return [one(row, f"{where} {i + 1}") for i, row in enumerate(rows)]
+
+
+def _joined(blocks: list[Any], names: Sequence[str], where: str) -> list[list[Any]]:
+    """The columns of ``blocks`` joined in order, one list per name of ``names``.
+
+    A block is an object of arrays of one length, one per field; a field it leaves out is null in
+    all its rows (the writer leaves out a column with no value known), a name that is no field is
+    ignored. Anything else is a ``ConfigError`` naming the block.
+    """
+    columns: list[list[Any]] = [[] for _ in names]
+    for number, block in enumerate(blocks, 1):
+        if not isinstance(block, dict):
+            raise ConfigError("path", f"{where}s' block {number} is {shown(block)}, expected an object of columns")
+        given = [(name, block[name]) for name in names if name in block]
+        for name, column in given:
+            if not isinstance(column, list):
+                raise ConfigError("path", f"{where}s' block {number}: {name} is {shown(column)}, expected an array")
+        lengths = {len(column) for _, column in given}
+        if len(lengths) > 1:
+            held = ", ".join(f"{name} {len(column)}" for name, column in given)
+            raise ConfigError(
+                "path", f"{where}s' block {number}: its columns differ in length ({held}); the file was altered"
+            )
+        rows = lengths.pop() if lengths else 0
+        for joined, name in zip(columns, names, strict=True):
+            joined.extend(block[name] if name in block else [None] * rows)
+    return columns
+
+
+def _read_blocks(
+    blocks: list[Any], kind: type[_T], checks: dict[str, _Check], one: Callable[[object, str], _T], where: str
+) -> list[_T]:
+    """The rows of a columnar file's blocks as ``kind``, each column checked whole; when a column
+    fails, row by row with ``one``, which names the first row that is wrong (``where`` N)."""
+    names = list(checks)
+    columns = _joined(blocks, names, where)
+    if all(ok(column) for ok, column in zip(checks.values(), columns, strict=True)):
+        return _from_columns(kind, dict(zip(names, columns, strict=True)))
+    rows = map(dict, map(zip, repeat(names), zip(*columns, strict=True)))
     return [one(row, f"{where} {i + 1}") for i, row in enumerate(rows)]
 
 
@@ -243,8 +300,8 @@ def _stream_items(records: list[list[Any]], first: int, source: Path) -> dict[st
     """
     rows = {tag: [build(r) for r in records if r[0] == tag] for tag, (build, _) in _RECORDS.items()}
     if all(_columns_ok(rows[tag], checks) for tag, (_, checks) in _RECORDS.items()):
-        made: dict[str, list[Any]] = {tag: [_made(Sample, row) for row in rows[tag]] for tag in (DEVICE, FRAMEWORK)}
-        made[MARK] = [_made(Mark, row) for row in rows[MARK]]
+        made: dict[str, list[Any]] = {tag: _made(Sample, rows[tag]) for tag in (DEVICE, FRAMEWORK)}
+        made[MARK] = _made(Mark, rows[MARK])
         return made
     items: dict[str, list[Any]] = {tag: [] for tag in _RECORDS}
     for line, record in enumerate(records, first):
@@ -276,7 +333,7 @@ def _collector_paused() -> Iterator[None]:
 def _load_json(path: object) -> Loaded:
     content, source = read_recording(path, MAX_SAVED_BYTES)
     data, cut = parse_document(content, str(source), _ARRAYS)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if not isinstance(data, dict) or data.get("format") not in (FORMAT, ROWS_FORMAT):
         raise ConfigError(
             "path", f"{source} is not a unimem recording (no 'format': {FORMAT!r}); save one with to_json()"
         )
@@ -284,8 +341,12 @@ def _load_json(path: object) -> Loaded:
     for name, value in (("samples", rows), ("marks", kept)):
         if not isinstance(value, list):
             raise ConfigError("path", f"{source}: {name!r} is {shown(value)}, expected an array")
-    samples = _read_rows(rows, Sample, _SAMPLE_CHECKS, _sample_from, f"{source}, sample")
-    marks = _read_rows(kept, Mark, _MARK_CHECKS, _mark_from, f"{source}, mark")
+    if data["format"] == FORMAT:
+        samples = _read_blocks(rows, Sample, _SAMPLE_CHECKS, _sample_from, f"{source}, sample")
+        marks = _read_blocks(kept, Mark, _MARK_CHECKS, _mark_from, f"{source}, mark")
+    else:
+        samples = _read_rows(rows, Sample, _SAMPLE_CHECKS, _sample_from, f"{source}, sample")
+        marks = _read_rows(kept, Mark, _MARK_CHECKS, _mark_from, f"{source}, mark")
     meta = dict(check_meta(data.get("meta", {}), str(source)))
     count = data.get("count")
     if count is not None and not isinstance(count, dict):
@@ -355,6 +416,88 @@ def _csv_rows(body: str, source: Path, offset: int) -> Iterable[tuple[str, dict[
         raise ConfigError("path", f"{source}, line {reader.line_num + offset}: {exc}") from None
 
 
+_FLAGS = {"true": True, "false": False, "": None}
+
+
+def _csv_column(name: str, cells: Sequence[str]) -> list[Any] | None:
+    """A CSV column as the values ``_csv_cell`` makes of its cells; None where a cell is not one."""
+    if name in ("source", "label"):
+        return list(cells)
+    if cells.count("") == len(cells):
+        return [None] * len(cells)
+    joined = "".join(cells) if name in INT_FIELDS else ""
+    if joined and not (joined.isascii() and joined.isdigit()):  # ``isdigit`` alone takes other scripts' digits
+        return None
+    try:
+        if name in INT_FIELDS:
+            return [int(cell) if cell else None for cell in cells]  # a figure past 2**63: the column's check
+        if name == "time":
+            return list(map(float, cells))
+    except ValueError:  # a time that is no number; digits too many for int()
+        return None
+    if name == "peak_exact":
+        return list(map(_FLAGS.__getitem__, cells)) if set(cells) <= _FLAGS.keys() else None
+    return [cell or None for cell in cells]  # error: an empty cell is a good reading
+
+
+def _csv_table(body: str) -> tuple[list[str], list[Sequence[str]]] | None:
+    """A CSV body's header and its columns of cells; None when a row's width is not the header's,
+    or the CSV reader refuses the text (``_csv_rows`` then names the line).
+
+    Cells without quotes, NUL or a lone carriage return (what unimem writes, unless a label or an
+    error holds a comma or a quote) are split on commas over the whole text at once, and each
+    column is a slice of that list: a CSV reader's lists per row cost more than the rest together.
+    """
+    text = body.replace("\r\n", "\n")
+    if '"' not in text and "\x00" not in text and "\r" not in text:
+        first, _, rest = text.partition("\n")
+        header, lines = first.split(","), list(filter(None, rest.split("\n")))
+        if max(map(len, lines), default=0) > csv.field_size_limit():
+            return None
+        if set(map(methodcaller("count", ","), lines)) - {len(header) - 1}:
+            return None
+        cells = ",".join(lines).split(",") if lines else []
+        return header, [cells[i :: len(header)] for i in range(len(header))]
+    reader = csv.reader(io.StringIO(body, newline=""))
+    try:
+        header = next(reader, [])
+        table = list(filter(None, reader))
+    except csv.Error:
+        return None
+    if set(map(len, table)) - {len(header)}:
+        return None
+    return header, list(zip(*table, strict=True)) or [()] * len(header)
+
+
+def _csv_columns(body: str) -> tuple[list[Sample], list[Mark]] | None:
+    """Every row of a CSV's body as samples and marks, a whole column at a time; None when any row
+    or cell is not what unimem writes (``_csv_rows`` and ``_csv_cell`` then name the line).
+
+    Every row's cells are read as a sample's fields, a mark's too (its other cells are empty), and
+    the marks' rows are taken out after: one pass over the rows, not one over each column.
+    """
+    table = _csv_table(body)
+    if table is None or not {"time", "source"} <= set(table[0]):
+        return None
+    header, cells = table
+    at = {name: i for i, name in enumerate(header)}
+    count = len(cells[0])
+    read = {name: _csv_column(name, cells[at[name]]) if name in at else [None] * count for name in SAMPLE_FIELDS}
+    columns = {name: column for name, column in read.items() if column is not None}
+    sources = cells[at["source"]]  # checked apart: a mark's row is no sample's
+    if len(columns) < len(read) or not set(sources) - {"mark"} <= SOURCES:
+        return None
+    if not all(_SAMPLE_CHECKS[name](column) for name, column in columns.items() if name != "source"):
+        return None
+    is_mark = list(map(eq, sources, repeat("mark")))
+    marks_at = list(compress(range(count), is_mark))
+    labels = cells[at["label"]] if "label" in at else [""] * count  # as _load_csv reads a row without one
+    marks = {name: [(labels if name == "label" else columns[name])[i] for i in marks_at] for name in MARK_FIELDS}
+    if not all(_MARK_CHECKS[name](column) for name, column in marks.items()):
+        return None
+    return _from_columns(Sample, columns, map(not_, is_mark)), _from_columns(Mark, marks)
+
+
 def _load_csv(path: object) -> Loaded:
     content, source = read_recording(path, MAX_SAVED_BYTES)
     first, _, rest = content.partition("\n")
@@ -366,7 +509,11 @@ def _load_csv(path: object) -> Loaded:
         body = body[: body.rfind("\n") + 1]  # the last line was written in part: left out
     samples: list[Sample] = []
     marks: list[Mark] = []
-    if body.strip() or expected is None:
+    written = bool(body) and not body.isspace()  # not body.strip(): no copy of a file's text
+    whole = _csv_columns(body) if written else None
+    if whole is not None:
+        samples, marks = whole
+    elif written or expected is None:
         for where, row in _csv_rows(body, source, offset):
             if row["source"] == "mark":
                 cells = {name: _csv_cell(name, row.get(name, ""), where) for name in MARK_FIELDS if name != "label"}

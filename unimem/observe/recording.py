@@ -16,14 +16,14 @@ naming the file and the problem.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
 import math
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,17 @@ from unimem.errors import ConfigError, UnimemWarning
 from unimem.observe.files import check_target, write_atomically
 from unimem.observe.loading import load_file
 from unimem.observe.plotting import RanksPlot, plot_ranks, plot_recording
-from unimem.observe.samples import CSV_HEADER, FORMAT, MARK_FIGURES, SAMPLE_FIELDS, Mark, Sample, counted
+from unimem.observe.samples import (
+    BLOCK_ROWS,
+    CSV_HEADER,
+    FORMAT,
+    MARK_FIELDS,
+    MARK_FIGURES,
+    SAMPLE_FIELDS,
+    Mark,
+    Sample,
+    counted,
+)
 from unimem.sizes import format_bytes
 
 __all__ = ["Recorder", "Recording", "load_recording", "plot_recordings"]
@@ -215,9 +225,12 @@ class Recording:
     def to_json(self, path: str | os.PathLike[str]) -> Path:
         """Everything (samples, marks, meta) as JSON; ``load_recording`` reads it back.
 
-        One sample or mark a line, with their counts, so a copy cut short is told from a whole
-        one. Written to a temporary file in the same folder, then renamed over ``path``: a
-        process killed while saving leaves the previous file whole.
+        Column by column (``"unimem.recording/3"``): the marks, then the samples, in blocks of at
+        most 1,000, one block a line, each block an object holding one array per field (a field
+        no row of the block knows is left out: null throughout). The counts come first, so a
+        copy cut short is told from a whole one and still gives every whole block. Written to a
+        temporary file in the same folder, then renamed over ``path``: a process killed while
+        saving leaves the previous file whole.
 
         Args:
             path: The file to write, in a folder that exists, named with the format's suffix.
@@ -233,17 +246,17 @@ class Recording:
         return write_atomically(target, self._json_text().encode())
 
     def _json_text(self) -> str:
-        """The JSON document, one sample or mark a line: a copy cut short still yields every whole line."""
+        """The JSON document: the counts and meta, then the marks' and the samples' blocks, one a line."""
 
         def dump(value: Any) -> str:
             return json.dumps(value, allow_nan=False)
 
-        samples = ",\n".join(dump({name: getattr(s, name) for name in SAMPLE_FIELDS}) for s in self.samples)
-        marks = ",\n".join(dump(dataclasses.asdict(m)) for m in self.marks)
         count = {"samples": len(self.samples), "marks": len(self.marks)}
+        marks = ",\n".join(map(dump, _blocks(self.marks, MARK_FIELDS, ("time", "label"))))
+        samples = ",\n".join(map(dump, _blocks(self.samples, SAMPLE_FIELDS, ("time", "source"))))
         return (
             f'{{"format": {dump(FORMAT)},\n"count": {dump(count)},\n"meta": {dump(self.meta)},\n'
-            f'"samples": [\n{samples}\n],\n"marks": [\n{marks}\n]}}\n'
+            f'"marks": [\n{marks}\n],\n"samples": [\n{samples}\n]}}\n'
         )
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
@@ -326,6 +339,22 @@ class Recording:
         target = check_target(path, ".png")
         plot_recording(self, target, title=title, figsize=figsize, dpi=dpi)
         return target
+
+
+def _blocks(
+    items: Sequence[Sample] | Sequence[Mark], names: Sequence[str], kept: Sequence[str]
+) -> Iterator[dict[str, Any]]:
+    """``items`` as blocks of at most ``BLOCK_ROWS``: one array per field, a field with no value in
+    the block left out unless it is one of ``kept`` (the fields every row has)."""
+    values = attrgetter(*names)
+    for start in range(0, len(items), BLOCK_ROWS):
+        rows = items[start : start + BLOCK_ROWS]
+        columns = zip(*map(values, rows), strict=True)
+        yield {
+            name: column
+            for name, column in zip(names, columns, strict=True)
+            if name in kept or column.count(None) < len(rows)
+        }
 
 
 def _cell(value: object) -> str:
