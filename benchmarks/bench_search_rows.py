@@ -26,9 +26,12 @@ compilation of the training step the user pays for during the search (counted by
 compile events: the search's and the step's own where the search's did not serve it; the
 search's own count is ``search_compile_calls``); ``compile_seconds_at_answer``, one compilation
 at the answer's size, alone, in a fresh process after the search; ``largest_in_process``, the
-largest size that runs at full speed in the searching process after the search (bisected there:
-each probe compiled first, a size XLA rematerialized counted as not running at full speed, then
-run) and ``share_in_process``; ``fresh``, a fresh process's run at the answer and at
+largest size that runs at full speed in the searching process after the search (bisected there
+within ``--in-process-budget`` seconds: each probe compiled first, a size XLA rematerialized
+counted as not running at full speed, then run; every probe in ``in_process_calls``) and
+``share_in_process``, the answer's share of it once the probes bracket it within 1% (else None,
+and ``share_in_process_at_most``, the share of the largest probe that ran); ``fresh``, a fresh
+process's run at the answer and at
 ``ceil(answer / 0.95)`` (its failure confirms ``share_fresh`` >= 95%; else bisected up in fresh
 processes while time is left).
 
@@ -482,24 +485,53 @@ def _full_speed(work: Work, n: int) -> tuple[bool, bool | None]:
     return _fits(work.step, n), remat
 
 
+def next_probe(low: int, high: int | None) -> int | None:
+    """The next size to probe for the largest that runs, from ``low`` (it ran) below ``high`` (it did
+    not; None: nothing known to fail): 1/0.95 times ``low`` while nothing bounds it, else the middle;
+    None once the bracket is within 1%."""
+    if high is not None and high - low <= max(1, low // 100):
+        return None
+    return math.ceil(low / 0.95) if high is None else (low + high) // 2
+
+
+def in_process_share(found: int, high: int | None, probes: list[list[Any]]) -> dict[str, Any]:
+    """What the probes made in the searching process after the search say (each ``[size, ran,
+    rematerialized, seconds]``, in order, from ``found``, which ran, below ``high``, which did not):
+    the largest size that ran, the smallest that did not, whether they bracket the largest that runs
+    within 1%, and the answer's share of it: to 1% once bracketed, else at most the share of the
+    largest probe that ran (None without a probe: the answer alone says nothing of what runs above it)."""
+    low = found
+    for size, ran, *_ in probes:
+        if ran:
+            low = max(low, size)
+        else:
+            high = size if high is None else min(high, size)
+    bisected = high is not None and next_probe(low, high) is None
+    return {
+        "largest": low,
+        "above": high,
+        "calls": len(probes),
+        "bisected": bisected,
+        "share": found / low if bisected else None,
+        "share_at_most": found / low if probes else None,
+    }
+
+
 def _largest_in_process(work: Work, low: int, high: int | None, until: float) -> dict[str, Any]:
     """The largest size that runs at full speed in this process from ``low`` (which ran) up,
-    below ``high`` (known not to, or None): probed one after another (each compiles, then runs),
-    growing by 1/0.95 while nothing bounds it, then bisected while wider than 1% and ``until``
-    (a ``perf_counter`` time) has not passed. Every probe changes the pool the next one sees."""
+    below ``high`` (known not to, or None): probed one after another (each compiles, then runs,
+    ``next_probe``) while ``until`` (a ``perf_counter`` time) has not passed. Every probe changes
+    the pool the next one sees."""
     probes: list[list[Any]] = []
-    while time.perf_counter() < until and (high is None or high - low > max(1, low // 100)):
-        size = math.ceil(low / 0.95) if high is None else (low + high) // 2
+    found, bound = low, high
+    size = next_probe(low, high)
+    while size is not None and time.perf_counter() < until:
         t0 = time.perf_counter()
         runs, remat = _full_speed(work, size)
         probes.append([size, runs, remat, round(time.perf_counter() - t0, 2)])
         low, high = (size, high) if runs else (low, size)
-    return {
-        "largest": low,
-        "above": high,
-        "probes": probes,
-        "bisected": high is not None and high - low <= max(1, low // 100),
-    }
+        size = next_probe(low, high)
+    return {**in_process_share(found, bound, probes), "probes": probes}
 
 
 def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
@@ -817,14 +849,18 @@ def confirm_jax(name: str, gpu: bool, search: dict[str, Any], until: float) -> d
     }
 
 
-def search_row(name: str, gpu: bool, remaining: float, lower: bool | None = None) -> dict[str, Any]:
+def search_row(
+    name: str, gpu: bool, remaining: float, lower: bool | None = None, in_process: float = 240.0
+) -> dict[str, Any]:
     spec = MODELS[name]
     jax = spec["framework"] == "jax"
     # Each search gets at most half of what is left: one slow search must not starve the rest. A JAX
-    # search then bisects the largest size that runs in its own process, in what is left of that.
+    # search then bisects the largest size that runs in its own process for ``in_process`` seconds
+    # more (a probe under way runs to its end: PROBE_SECONDS at most).
     allowed = max(60.0, min(240.0 + (240.0 if jax else 0.0), remaining / 2))
-    child_spec = {**base_spec(name, gpu), "kind": "search", "lower": lower, "in_process_seconds": allowed - 180.0}
-    run_out = run(child_spec, timeout=allowed)
+    extra = in_process + PROBE_SECONDS if jax else 0.0
+    child_spec = {**base_spec(name, gpu), "kind": "search", "lower": lower, "in_process_seconds": in_process}
+    run_out = run(child_spec, timeout=allowed + extra)
     row: dict[str, Any] = {"framework": spec["framework"], "model": spec["model"], "method": "unimem"}
     if jax:
         row["lower"] = lower
@@ -833,8 +869,14 @@ def search_row(name: str, gpu: bool, remaining: float, lower: bool | None = None
     row.update({k: run_out[k] for k in ("found", "step_calls", "failed_calls", "compile_calls", "seconds")})
     row.update(same_process_ok=run_out["same_process_ok"], detail=run_out)
     if jax and run_out.get("in_process"):
-        largest = run_out["in_process"]["largest"]
-        row.update(largest_in_process=largest, share_in_process=run_out["found"] / largest if largest else None)
+        bisected = run_out["in_process"]
+        row.update(
+            largest_in_process=bisected["largest"],
+            share_in_process=bisected["share"],
+            share_in_process_at_most=bisected["share_at_most"],
+            in_process_bisected=bisected["bisected"],
+            in_process_calls=bisected["probes"],  # [size, ran, rematerialized, seconds] each
+        )
     return row
 
 
@@ -901,6 +943,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="JAX searches with lower= (yes), without (no), both, or as each model lists")  # fmt: skip
     parser.add_argument("--budget", type=float, default=450.0, help="seconds for everything; later work skips")
     parser.add_argument("--baseline-budget", type=float, default=45.0, help="wall seconds per baseline search")
+    parser.add_argument("--in-process-budget", type=float, default=240.0,
+                        help="seconds each JAX search may spend after it bisecting the largest size that runs "
+                        "in its own process (0: no probe)")  # fmt: skip
     parser.add_argument("--no-baselines", action="store_true", help="unimem's rows only")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -923,7 +968,8 @@ def main(argv: list[str] | None = None) -> int:
             if deadline - time.perf_counter() < 60:
                 result["rows"].append({"model": MODELS[name]["model"], "method": "unimem", "skipped": "budget"})
                 continue
-            searches[name, lower] = search_row(name, gpu, deadline - time.perf_counter(), lower)
+            left = deadline - time.perf_counter()
+            searches[name, lower] = search_row(name, gpu, left, lower, args.in_process_budget)
             result["rows"].append(searches[name, lower])
             save()
     # 2. the true largest. torch: each bracket confirmed by fresh processes, all models at once;
@@ -982,12 +1028,18 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
         share = row.get("share")
         method = row["method"] + ("" if "lower" not in row else " (lower=)" if row["lower"] else " (no lower=)")
         in_process = row.get("share_in_process")
+        at_most = row.get("share_in_process_at_most")
         lines.append(
             f"{row['framework']:<6} {method:<20} found {row['found']} "
             f"({'?' if share is None else f'{share:.1%}'} of {row.get('true_max')}), {row['step_calls']} calls, "
             f"{row['failed_calls']} failed, {row.get('compile_calls')} compiled, {row['seconds']:.1f} s, "
             f"same process {row['same_process_ok']}"
             + ("" if in_process is None else f", {in_process:.1%} of {row['largest_in_process']} in process")
+            + (
+                f", at most {at_most:.1%} of {row['largest_in_process']} in process (not bisected)"
+                if in_process is None and at_most is not None
+                else ""
+            )
             + (
                 ""
                 if row.get("compile_seconds_at_answer") is None
