@@ -284,9 +284,9 @@ def test_jax_find_batch_size_under_a_cap(scenario_code: Any, record: Any) -> Non
     r = scenario_code(JAX_SEARCH)
     # This step's peaks are not a line in the batch (their slope grows with the batch), and
     # near the cap XLA rematerializes, so sizes past the one whose peak reached the cap still
-    # fit and the last bracket is climbed by margin-sized trials: it is allowed 8. A JAX
-    # failure is slow and keeps the step's outputs, so the search climbs from below: at most
-    # two failures. The measured shape is in docs/measurements.md.
+    # fit: past peaks that stopped rising the search climbs in steps that grow, and is allowed
+    # 8 trials. A JAX failure is slow and keeps the step's outputs, so the search climbs from
+    # below: at most two failures. The measured shape is in docs/measurements.md.
     _check_search(r["search"], record, max_trials=8)
     assert sum(1 for t in r["search"]["trials"] if not t["fits"]) <= 2
     record(
