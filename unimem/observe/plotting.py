@@ -16,17 +16,16 @@ from functools import partial
 from itertools import compress, repeat
 from operator import attrgetter, eq, is_not, or_
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from unimem.errors import BackendUnavailable, ConfigError
+from unimem.observe.samples import Mark, Sample
 from unimem.observe.thinning import spaced, thin_line
-
-if TYPE_CHECKING:
-    from unimem.observe.recording import Recording
 
 __all__ = [
     "FIGURE_LABELS",
     "PLOT_EXTRA",
+    "Plottable",
     "RANK_FIGURES",
     "RankLine",
     "RanksPlot",
@@ -36,6 +35,27 @@ __all__ = [
     "rank_labels",
     "require_matplotlib",
 ]
+
+
+class Plottable(Protocol):
+    """What a plot reads of a recording: ``unimem.observe.recording.Recording`` is one (named here by
+    what it offers, so that the module that keeps recordings may import this one, not the reverse)."""
+
+    @property
+    def samples(self) -> list[Sample]: ...
+
+    @property
+    def marks(self) -> list[Mark]: ...
+
+    @property
+    def meta(self) -> dict[str, Any]: ...
+
+    @property
+    def start_time(self) -> float | None: ...
+
+    @property
+    def gaps(self) -> list[tuple[float, str]]: ...
+
 
 PLOT_EXTRA = "pip install 'unimem[plot]'"
 
@@ -114,7 +134,7 @@ _RECORDING_LINES = (
 
 
 def plot_recording(
-    recording: Recording, target: Path, *, title: str | None, figsize: tuple[float, float], dpi: int
+    recording: Plottable, target: Path, *, title: str | None, figsize: tuple[float, float], dpi: int
 ) -> None:
     """Write ``recording``'s PNG timeline to ``target`` (a path already checked); see ``Recording.plot``.
 
@@ -129,7 +149,7 @@ def plot_recording(
     _recording_figure(recording, title, figsize, dpi).savefig(target, format="png", dpi=dpi)
 
 
-def _recording_figure(recording: Recording, title: str | None, figsize: tuple[float, float], dpi: int) -> Any:
+def _recording_figure(recording: Plottable, title: str | None, figsize: tuple[float, float], dpi: int) -> Any:
     """The matplotlib figure of one recording's timeline."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -178,7 +198,7 @@ def _recording_figure(recording: Recording, title: str | None, figsize: tuple[fl
     return fig
 
 
-def _origin(recordings: Sequence[Recording]) -> float:
+def _origin(recordings: Sequence[Plottable]) -> float:
     """Where the time axis starts: the earliest start of the recordings (0 when none is known)."""
     starts = [start for recording in recordings if (start := recording.start_time) is not None]
     starts = [start for start in starts if math.isfinite(start)]
@@ -272,7 +292,7 @@ def _within_reason(count: Any, what: str) -> int:
 
 def _draw_line(
     ax: Any,
-    recording: Recording | Streams,
+    recording: Plottable | Streams,
     name: str,
     label: str,
     style: str,
@@ -369,7 +389,7 @@ def _unit(biggest: int) -> tuple[int, str]:
 # --- several recordings, one per rank ----------------------------------------------------------
 
 
-def _rank_of(recording: Recording, file: str | None) -> tuple[int | None, str | None]:
+def _rank_of(recording: Plottable, file: str | None) -> tuple[int | None, str | None]:
     """The rank and, when it is not in the metadata, a note on where it came from."""
     rank = recording.meta.get("rank")
     if isinstance(rank, int) and not isinstance(rank, bool):
@@ -380,7 +400,7 @@ def _rank_of(recording: Recording, file: str | None) -> tuple[int | None, str | 
     return None, f"{file or 'a recording'}: no rank in its metadata or its name; labelled by its name"
 
 
-def rank_labels(loaded: list[tuple[Recording, str | None]]) -> tuple[list[tuple[str, int | None]], list[str]]:
+def rank_labels(loaded: Sequence[tuple[Plottable, str | None]]) -> tuple[list[tuple[str, int | None]], list[str]]:
     """A legend label and rank per recording (same order), and the notes on what did not match."""
     notes: list[str] = []
     found = []
@@ -400,13 +420,13 @@ def rank_labels(loaded: list[tuple[Recording, str | None]]) -> tuple[list[tuple[
     return found, notes
 
 
-def _choose_figure(loaded: list[tuple[Recording, str | None]], figure: str | None) -> str | None:
+def _choose_figure(loaded: Sequence[tuple[Plottable, str | None]], figure: str | None) -> str | None:
     if figure is not None:
         if figure not in FIGURE_LABELS:
             raise ConfigError("figure", f"unknown figure {figure!r}; pick one of {', '.join(FIGURE_LABELS)}")
         return figure
 
-    def known(recording: Recording, name: str) -> bool:
+    def known(recording: Plottable, name: str) -> bool:
         return any(getattr(s, name) is not None for s in recording.samples)
 
     for pick in (all, any):
@@ -417,7 +437,7 @@ def _choose_figure(loaded: list[tuple[Recording, str | None]], figure: str | Non
 
 
 def _ranks_figure(
-    loaded: list[tuple[Recording, str | None]],
+    loaded: Sequence[tuple[Plottable, str | None]],
     figure: str | None,
     title: str | None,
     figsize: tuple[float, float],
@@ -468,7 +488,7 @@ def _ranks_figure(
 
 
 def plot_ranks(
-    loaded: list[tuple[Recording, str | None]],
+    loaded: Sequence[tuple[Plottable, str | None]],
     target: Path,
     *,
     figure: str | None,
