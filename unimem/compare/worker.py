@@ -115,13 +115,14 @@ def _settle(framework: str) -> None:
     framework can; the host's high-water mark stays (the warm-up's tensors are tiny)."""
     import warnings
 
-    import unimem
+    from unimem.api import clear_cache, reset_peak
+    from unimem.errors import UnimemError, UnimemWarning
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", unimem.UnimemWarning)  # "nothing to clear" on a CPU
-        for action in (unimem.clear_cache, unimem.reset_peak):
+        warnings.simplefilter("ignore", UnimemWarning)  # "nothing to clear" on a CPU
+        for action in (clear_cache, reset_peak):
             # A framework that cannot: its figures include the warm-up's few bytes.
-            with contextlib.suppress(unimem.UnimemError):
+            with contextlib.suppress(UnimemError):
                 action(framework)
 
 
@@ -130,8 +131,8 @@ def measure(
 ) -> dict[str, Any]:
     """Configure, start the device, warm up the paths of ``warm``'s configurations, then time
     ``steps`` steps (after two untimed ones) of ``config``; the row of figures."""
-    import unimem
     from unimem import registry
+    from unimem.api import configure, stats
     from unimem.compare.workloads import SIZES, build_step
 
     result: dict[str, Any] = {"framework": framework, "workload": workload, "config": config, "size": size}
@@ -139,7 +140,7 @@ def measure(
     if config in SAVERS:
         shapes = replace(shapes, saver=SAVERS[config])
         result["saver"] = SAVERS[config]
-    applied = unimem.configure(backend=framework, strict=False, **CONFIGS[config])
+    applied = configure(backend=framework, strict=False, **CONFIGS[config])
     result["applied"] = [f"{a.setting}={a.value}: {a.status}" + (f" ({a.note})" if a.note else "") for a in applied]
     t0 = time.perf_counter()
     result["device"] = registry.get_backend(framework).workloads.start_device()
@@ -149,7 +150,7 @@ def measure(
     result["warm_up_skipped"] = warm_up(framework, workload, result["warm_up"])
     result["warm_up_seconds"] = time.perf_counter() - t0
     _settle(framework)
-    start = unimem.stats(framework)  # its first call may load NVML's binding: before the count below
+    start = stats(framework)  # its first call may load NVML's binding: before the count below
     modules = set(sys.modules)
     result["start_process_used"] = start.process_used
     result["start_reserved"] = start.reserved
@@ -164,10 +165,10 @@ def measure(
         step()
         if i >= 2:  # the first steps compile and warm the allocator
             times.append(time.perf_counter() - t)
-        used = unimem.stats(framework).process_used
+        used = stats(framework).process_used
         if used is not None:
             process_peak = used if process_peak is None else max(process_peak, used)
-    end = unimem.stats(framework)
+    end = stats(framework)
     # Empty when the warm-up did its work: nothing was imported while memory and time were measured.
     result["imported_while_measuring"] = sorted(set(sys.modules) - modules)
     result.update(step_times(times))
