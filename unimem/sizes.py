@@ -1,4 +1,4 @@
-"""Byte sizes: parse ``"8GiB"``, ``"512MB"``, ``"1.5 GB"``; format for humans."""
+"""Byte sizes: parse ``"8GiB"``, ``"512MB"``, ``"1.5 GB"``; format them, and counts, for humans."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from unimem.errors import ConfigError
 
-__all__ = ["format_bytes", "parse_size"]
+__all__ = ["counted", "format_bytes", "parse_size"]
 
 # Decimal units are powers of 1000, binary units powers of 1024, as the SI/IEC
 # prefixes say; a bare "G" is read as GiB because that is what GPU tools print.
@@ -109,3 +109,8 @@ def format_bytes(value: int | None) -> str:
             return f"{sign}{magnitude:.0f} {unit}" if unit == "B" else f"{sign}{magnitude:.2f} {unit}"
         magnitude /= 1024
     raise AssertionError("unreachable")
+
+
+def counted(count: int, noun: str) -> str:
+    """``"1 sample"``, ``"3 samples"``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

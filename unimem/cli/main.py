@@ -358,7 +358,9 @@ def compare(
         result.to_json(folder / "compare.json")
         written.append(folder / "compare.json")
         try:
-            result.plot(folder / "compare.png")
+            from unimem.observe.plotting import plot_comparison
+
+            plot_comparison(result, folder / "compare.png")
             written.append(folder / "compare.png")
         except BackendUnavailable as exc:  # the figures are in the JSON; the picture needs the plot extra
             click.echo(f"unimem compare: no compare.png: {str(exc).removeprefix('compare plot: ')}", err=True)

@@ -22,7 +22,7 @@ from unimem import registry
 from unimem.compare.worker import CONFIGS, SAVERS
 from unimem.compare.workloads import SIZES
 from unimem.errors import ConfigError
-from unimem.observe.samples import counted
+from unimem.sizes import counted
 
 __all__ = ["CONFIGS", "SAVERS", "Comparison", "compare", "failures", "table_rows", "timing_notes", "unsupported"]
 
@@ -61,55 +61,6 @@ class Comparison:
 
     def to_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.as_dict(), indent=2) + "\n", encoding="utf-8")
-
-    def plot(self, path: str | Path) -> None:
-        """A PNG: memory (device peak, or host peak RSS without a GPU) and step time per run.
-
-        Raises ``BackendUnavailable`` naming the ``plot`` extra when matplotlib is not installed.
-        """
-        from unimem.observe.plotting import require_matplotlib
-
-        require_matplotlib("compare plot")
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        workloads = sorted({r["workload"] for r in self.results})
-        fig, axes = plt.subplots(2, len(workloads), figsize=(6.5 * len(workloads), 7), squeeze=False)
-        memory_key = "process_peak" if self.has_gpu else "host_peak_rss"
-        memory_label = "process peak on the GPU (NVML), GiB" if self.has_gpu else "host peak RSS, GiB (no GPU here)"
-        frameworks = sorted({r["framework"] for r in self.results})
-        configs = [c for c in CONFIGS if any(r["config"] == c for r in self.results)]
-        width = 0.8 / max(1, len(frameworks))
-        for col, workload in enumerate(workloads):
-            for row, (key, label, scale) in enumerate(
-                [(memory_key, memory_label, 2**30), ("step_ms", "median step time, ms", 1)]
-            ):
-                ax = axes[row][col]
-                for i, fw in enumerate(frameworks):
-                    values = []
-                    for config in configs:
-                        match = [
-                            r
-                            for r in self.results
-                            if r["framework"] == fw and r["workload"] == workload and r["config"] == config
-                        ]
-                        value = match[0].get(key) if match and match[0].get("ok") else None
-                        values.append(float("nan") if value is None else value / scale)
-                    ax.bar([x + i * width for x in range(len(configs))], values, width, label=fw)
-                ax.set_xticks([x + width * (len(frameworks) - 1) / 2 for x in range(len(configs))], configs)
-                ax.set_ylabel(label)
-                ax.set_title(f"{workload}")
-                ax.legend(fontsize=8)
-        device = self.machine.get("device", "?")
-        title = f"unimem compare · {device} · size {self.machine.get('size', '?')}"
-        if not self.times_comparable:
-            title += "\nstep times not comparable: loaded machine or widely spread steps (see the notes)"
-        fig.suptitle(title)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
 
 
 def _machine(size: str, steps: int) -> dict[str, Any]:

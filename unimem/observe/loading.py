@@ -58,10 +58,10 @@ from unimem.observe.samples import (
     BoundedSeries,
     Mark,
     Sample,
-    counted,
     merge_samples,
 )
 from unimem.observe.stream import DEVICE, FRAMEWORK, MARK, StreamReader
+from unimem.sizes import counted
 
 __all__ = ["Loaded", "load_file"]
 

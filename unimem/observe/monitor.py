@@ -67,12 +67,12 @@ from unimem.observe.samples import (
     BoundedSeries,
     Mark,
     Sample,
-    counted,
     failed_readings_note,
     merge_samples,
 )
 from unimem.observe.stream import FRAMEWORK, MARK, encode
 from unimem.observe.track import resolve_query
+from unimem.sizes import counted
 
 __all__ = ["MIN_FRAMEWORK_INTERVAL", "MIN_INTERVAL", "Monitor", "check_interval", "counter_reader", "monitor"]
 

@@ -9,6 +9,7 @@ the functions that draw, and a plot request without it says what to install.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from operator import attrgetter, eq, is_not, or_
 from pathlib import Path
 from typing import Any, Protocol
 
+from unimem.compare.harness import CONFIGS, Comparison
 from unimem.errors import BackendUnavailable, ConfigError
 from unimem.observe.samples import Mark, Sample
 from unimem.observe.thinning import spaced, thin_line
@@ -30,6 +32,7 @@ __all__ = [
     "RankLine",
     "RanksPlot",
     "Streams",
+    "plot_comparison",
     "plot_ranks",
     "plot_recording",
     "rank_labels",
@@ -507,3 +510,52 @@ def plot_ranks(
     fig, name, drawn, notes = _ranks_figure(loaded, figure, title, figsize, dpi)
     fig.savefig(target, format="png", dpi=dpi)
     return RanksPlot(target, name, tuple(drawn), tuple(notes))
+
+
+def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> None:
+    """A PNG of a ``unimem compare`` run (``unimem.compare.harness.Comparison``): memory (device
+    peak, or host peak RSS without a GPU) and step time per run, one column per workload.
+
+    Raises ``BackendUnavailable`` naming the ``plot`` extra when matplotlib is not installed.
+    """
+    require_matplotlib("compare plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({r["workload"] for r in comparison.results})
+    fig, axes = plt.subplots(2, len(workloads), figsize=(6.5 * len(workloads), 7), squeeze=False)
+    memory_key = "process_peak" if comparison.has_gpu else "host_peak_rss"
+    memory_label = "process peak on the GPU (NVML), GiB" if comparison.has_gpu else "host peak RSS, GiB (no GPU here)"
+    frameworks = sorted({r["framework"] for r in comparison.results})
+    configs = [c for c in CONFIGS if any(r["config"] == c for r in comparison.results)]
+    width = 0.8 / max(1, len(frameworks))
+    for col, workload in enumerate(workloads):
+        for row, (key, label, scale) in enumerate(
+            [(memory_key, memory_label, 2**30), ("step_ms", "median step time, ms", 1)]
+        ):
+            ax = axes[row][col]
+            for i, fw in enumerate(frameworks):
+                values = []
+                for config in configs:
+                    match = [
+                        r
+                        for r in comparison.results
+                        if r["framework"] == fw and r["workload"] == workload and r["config"] == config
+                    ]
+                    value = match[0].get(key) if match and match[0].get("ok") else None
+                    values.append(float("nan") if value is None else value / scale)
+                ax.bar([x + i * width for x in range(len(configs))], values, width, label=fw)
+            ax.set_xticks([x + width * (len(frameworks) - 1) / 2 for x in range(len(configs))], configs)
+            ax.set_ylabel(label)
+            ax.set_title(f"{workload}")
+            ax.legend(fontsize=8)
+    device = comparison.machine.get("device", "?")
+    title = f"unimem compare · {device} · size {comparison.machine.get('size', '?')}"
+    if not comparison.times_comparable:
+        title += "\nstep times not comparable: loaded machine or widely spread steps (see the notes)"
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -40,9 +40,8 @@ from unimem.observe.samples import (
     SAMPLE_FIELDS,
     Mark,
     Sample,
-    counted,
 )
-from unimem.sizes import format_bytes
+from unimem.sizes import counted, format_bytes
 
 __all__ = ["Recorder", "Recording", "load_recording", "plot_recordings"]
 

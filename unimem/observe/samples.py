@@ -33,7 +33,6 @@ __all__ = [
     "BoundedSeries",
     "Mark",
     "Sample",
-    "counted",
     "failed_readings_note",
     "merge_samples",
 ]
@@ -200,11 +199,6 @@ class BoundedSeries:
 
     def __len__(self) -> int:
         return len(self._items) + (self._pending is not None)
-
-
-def counted(count: int, noun: str) -> str:
-    """``"1 sample"``, ``"3 samples"``."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def failed_readings_note(count: int, first: str) -> str:
