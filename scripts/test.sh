@@ -35,7 +35,7 @@ unimem matrix --check
 mkdocs build --strict --site-dir "$(mktemp -d)"
 stage "matrix and docs"
 # One worker per core: most tests start fresh interpreters, and two of those run side by side.
-pytest=(python -m pytest tests --ignore=tests/gpu -q -p no:cacheprovider -n auto)
+pytest=(python -m pytest tests --ignore=tests/gpu -q -p no:cacheprovider -n auto --hypothesis-profile=repeatable)
 "${pytest[@]}" -m "not slow"
 stage "fast set"
 echo "test.sh: the test command took $((SECONDS - total)) s"

@@ -25,8 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 REPO = Path(__file__).resolve().parent.parent
+
+# scripts/test.sh (what CI runs) picks this profile: the same examples on every run, so that a red
+# run means the change broke something; a bare ``pytest`` draws new ones, and finds new cases.
+settings.register_profile("repeatable", derandomize=True, print_blob=True)
 FRAMEWORKS = ("torch", "tensorflow", "jax", "cupy")
 FRAMEWORK_MODULES = ("torch", "tensorflow", "jax", "jaxlib", "cupy")
 RESULT_MARK = "@@UNIMEM-RESULT@@"
