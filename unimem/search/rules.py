@@ -230,7 +230,7 @@ def next_size(
     if climb and bad is None:
         size, reason = climbing(good, peaked, climb, margin), "saturated"
     elif saturated:
-        size, reason = math.floor(good / (1 - margin) ** (2 ** max(0, streak - 2))) + 1, "saturated"
+        size, reason = closing(good, margin, 2 ** max(0, streak - 2)), "saturated"
     if size < close:
         # Near the edge: the smallest size whose failure ends the search beats a small
         # step up (it fails and ends it, or fits and gains more).
@@ -253,8 +253,8 @@ def climbing(good: int, peaked: int, climb: int, margin: float) -> int:
     margins past ``peaked``; after the second, the size whose failure ends the search; past that,
     steps that double (1, 2, 4 margins): few sizes that fit, and one failure, reach the answer."""
     if climb == 1:
-        return max(math.floor(peaked / (1 - margin) ** CLIMB) + 1, closing(good, margin))
-    return math.floor(good / (1 - margin) ** (2 ** max(0, climb - 3))) + 1
+        return max(closing(peaked, margin, CLIMB), closing(good, margin))
+    return closing(good, margin, 2 ** max(0, climb - 3))
 
 
 def log_width(good: int, high: int | None) -> float | None:
@@ -264,10 +264,11 @@ def log_width(good: int, high: int | None) -> float | None:
     return math.log(high / good) if high > good else 0.0
 
 
-def closing(good: int, margin: float) -> int:
+def closing(good: int, margin: float, margins: int = 1) -> int:
     """The smallest size whose failure to fit leaves ``good`` within ``margin`` of the largest
-    that fits: trying it either ends the search or gains the margin."""
-    return math.floor(good / (1 - margin)) + 1
+    that fits: trying it either ends the search or gains the margin. ``margins`` > 1: the size
+    that many margins past ``good`` (the steps of a climb that doubles them)."""
+    return math.floor(good / (1 - margin) ** margins) + 1
 
 
 def split(good: int, high: int, share: float = 0.5, linear: bool = False) -> int:
