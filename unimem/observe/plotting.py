@@ -19,7 +19,8 @@ from operator import attrgetter, eq, is_not, or_
 from pathlib import Path
 from typing import Any, Protocol
 
-from unimem.compare.harness import CONFIGS, Comparison
+from unimem.compare.harness import Comparison
+from unimem.compare.worker import CONFIGS
 from unimem.errors import BackendUnavailable, ConfigError
 from unimem.observe.samples import Mark, Sample
 from unimem.observe.thinning import spaced, thin_line
