@@ -189,6 +189,154 @@ def test_ddp_ranks_agree_on_the_largest_batch_that_fits_on_every_rank(tmp_path: 
     assert memory_rows and all(int(row["mem_host_rss"]) > 0 for row in memory_rows)
 
 
+# Lightning's own behaviours the drop-in keeps, each run in one shared fresh process; a scenario that
+# raises records its error instead, so each test reads its own scenario alone.
+AS_LIGHTNING = """
+    import traceback, warnings
+    from lightning.pytorch.tuner import Tuner
+    import lightning.pytorch.callbacks.batch_size_finder as lightning_finder
+
+    root = {root!r}
+    out = {{}}
+
+    def scenario(name, run):
+        try:
+            out[name] = run()
+        except Exception as exc:
+            out[name] = {{"error": traceback.format_exception_only(type(exc), exc)[-1][:400]}}
+
+    def trainer(callbacks, run_root, **kwargs):
+        # MODEL's trainer, with any of its settings overridden.
+        settings = dict(max_steps=2, logger=L.loggers.CSVLogger(run_root), log_every_n_steps=1,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                        accelerator="cpu", default_root_dir=run_root)
+        return L.Trainer(callbacks=callbacks, **(settings | kwargs))
+
+    class Counter(L.Callback):
+        # The fit's own training batches (the finder's trials run without the trainer's callbacks).
+        def __init__(self):
+            self.batches = 0
+        def on_train_batch_end(self, *args):
+            self.batches += 1
+
+    def upper_case_mode():
+        finder = BatchSizeFinder(mode="POWER", measure=peak, limit=1000 + 4000)
+        trainer([finder], root + "/upper").fit(Model(batch_size=2))
+        return {{"answer": finder.optimal_batch_size, "bad": [refused(mode=m) for m in ("linear", " power", 3)]}}
+
+    def refused(**arguments):
+        # The parameter a refused finder names; None when it is accepted.
+        try:
+            BatchSizeFinder(**arguments)
+        except ValueError as exc:
+            return getattr(exc, "parameter", None)
+        return None
+
+    def no_trials():
+        finder = BatchSizeFinder(max_trials=0, init_val=6, measure=peak, limit=1000 + 4000)
+        model = Model(batch_size=2)
+        seen.clear()
+        trainer([finder], root + "/zero").fit(model)
+        return {{"answer": finder.optimal_batch_size, "attribute": model.batch_size, "seen": list(seen),
+                 "search": finder.search is None, "refused": refused(max_trials=-1)}}
+
+    def under_tuner():
+        # Lightning's Tuner builds the finder class its module names: ours, as a peer's suite swaps it in.
+        lightning_finder.BatchSizeFinder = BatchSizeFinder
+        counter = Counter()
+        fit = trainer([counter], root + "/tuner")
+        model = Model(batch_size=2)
+        answer = Tuner(fit).scale_batch_size(model, max_val=64)
+        return {{"answer": answer, "attribute": model.batch_size, "fit_batches": counter.batches,
+                 "global_step": fit.global_step, "status": str(fit.state.status)}}
+
+    class Both(Model):
+        def __init__(self, batch_size):
+            super().__init__(batch_size)
+            self.save_hyperparameters()
+
+    def both_holders():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = Both(batch_size=2)
+            finder = BatchSizeFinder(measure=peak, limit=1000 + 4000)
+            trainer([finder], root + "/both").fit(model)
+        return {{"warnings": [str(w.message) for w in caught if "mutually exclusive" in str(w.message)],
+                 "answer": finder.optimal_batch_size, "attribute": model.batch_size,
+                 "hparams": model.hparams.batch_size}}
+
+    def steps(run_root, **kwargs):
+        trainer([MemoryCallback()], run_root, **kwargs).fit(Model(batch_size=8))
+        rows = logged(run_root)
+        return {{"loss": [int(r["step"]) for r in rows if r.get("loss")],
+                 "memory": [int(r["step"]) for r in rows if r.get("mem_host_rss")]}}
+
+    def memory_beside_loss():
+        return {{
+            "every_step": steps(root + "/csv1", max_steps=3),
+            "every_second": steps(root + "/csv2", max_steps=4, log_every_n_steps=2),
+            "accumulated": steps(root + "/csv3", max_steps=2, accumulate_grad_batches=2),
+        }}
+
+    scenario("upper_case_mode", upper_case_mode)
+    scenario("no_trials", no_trials)
+    scenario("under_tuner", under_tuner)
+    scenario("both_holders", both_holders)
+    scenario("memory_beside_loss", memory_beside_loss)
+    emit(out)
+"""
+
+
+@pytest.fixture(scope="module")
+def as_lightning(tmp_path_factory: Any, pyjson: Any, need: Any) -> Any:
+    need("torch")
+    need_package("lightning")
+    root = str(tmp_path_factory.mktemp("as_lightning"))
+    code = MODEL.format(package="lightning.pytorch", integration="unimem.integrations.lightning", limit=40)
+    return pyjson(code + AS_LIGHTNING.format(root=root), timeout=500)
+
+
+@pytest.mark.slow
+def test_the_mode_is_read_case_blind_as_lightning_reads_it(as_lightning: Any) -> None:
+    result = as_lightning["upper_case_mode"]
+    assert result.get("answer") == 32, result  # "POWER" is "power": the answer rounded down to a power of two
+    assert result["bad"] == ["mode", "mode", "mode"]  # an unknown mode is still refused, naming it
+
+
+@pytest.mark.slow
+def test_max_trials_zero_keeps_the_start_size_untried_as_lightning_does(as_lightning: Any) -> None:
+    result = as_lightning["no_trials"]
+    assert result.get("answer") == 6, result
+    assert result["attribute"] == 6 and result["search"]  # set on the model; no search ran
+    assert result["seen"] == [6, 6]  # the fit's two steps, at the start size: no trial before them
+    assert result["refused"] == "max_trials"  # below 0 is still refused, naming it
+
+
+@pytest.mark.slow
+def test_under_lightnings_tuner_the_fit_stops_after_the_search(as_lightning: Any) -> None:
+    result = as_lightning["under_tuner"]
+    assert result.get("answer") == 32, result  # the Tuner asks mode="power"; 40 fit and max_val is 64
+    assert result["attribute"] == 32
+    assert result["fit_batches"] == 0 and result["global_step"] == 0  # no training after the search
+    assert result["status"].endswith("FINISHED")
+
+
+@pytest.mark.slow
+def test_a_batch_size_on_the_model_and_in_its_hparams_is_warned_about(as_lightning: Any) -> None:
+    result = as_lightning["both_holders"]
+    assert len(result.get("warnings", [])) == 1, result
+    assert "`model.batch_size` and `model.hparams.batch_size` are mutually exclusive" in result["warnings"][0]
+    assert result["attribute"] == result["hparams"] == result["answer"]  # both set to the answer
+
+
+@pytest.mark.slow
+def test_memory_lands_on_the_step_the_loss_is_logged_at(as_lightning: Any) -> None:
+    result = as_lightning["memory_beside_loss"]
+    assert result.get("every_step") == {"loss": [0, 1, 2], "memory": [0, 1, 2]}, result
+    assert result["every_second"] == {"loss": [1, 3], "memory": [1, 3]}  # log_every_n_steps=2, as the loss
+    assert result["accumulated"] == {"loss": [0, 1], "memory": [0, 1]}  # once per optimizer step
+
+
 def test_import_unimem_imports_no_trainer(py: Any) -> None:
     proc = py(
         "import sys, unimem, unimem.integrations, unimem.integrations.descent, unimem.integrations.memory_logs\n"

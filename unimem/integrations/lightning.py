@@ -28,15 +28,17 @@ class MemoryCallback(MemoryCallbackMixin, pl.Callback):
     """Memory per training batch into the trainer's loggers, and unimem's report on an out-of-memory error.
 
     Logs ``mem_allocated``, ``mem_reserved``, ``mem_peak`` (the batch's peak), ``mem_process``,
-    ``mem_host_rss`` and ``mem_host_peak`` in bytes, known figures only, every ``every`` batches through
-    every logger of the trainer. Over several ranks each figure is the largest over the ranks and each
-    rank's peak is ``mem_peak_rank{r}``; every rank keeps its own series (``recording``).
+    ``mem_host_rss`` and ``mem_host_peak`` in bytes, known figures only, through every logger of the trainer
+    where Lightning logs the loss and at its step: every ``every`` optimizer steps. Over several ranks each
+    figure is the largest over the ranks and each rank's peak is ``mem_peak_rank{r}``; every rank keeps its
+    own series (``recording``).
 
     On an out-of-memory error during ``fit`` (any framework's, as ``unimem.is_oom`` reads it) the error
     Lightning re-raises carries unimem's report as a note, also kept in ``report`` (a ``unimem.OOMReport``).
 
     Args:
-        every: Log one batch in so many; None (default): the trainer's ``log_every_n_steps``.
+        every: Log one optimizer step in so many (the last batch of an accumulation); None (default): the
+            trainer's ``log_every_n_steps``, as the loss.
         max_samples: Batches kept before this rank's series is thinned, peaks kept (at least 100, default 20000).
         explain_oom: Add unimem's report to an out-of-memory error (default True).
 
@@ -58,15 +60,18 @@ class BatchSizeFinder(BatchSizeFinderMixin, _LightningBatchSizeFinder):
     ``steps_per_trial`` training steps, the checkpoint restored afterwards), sets the answer where Lightning
     does (the ``batch_arg_name`` attribute of the model, its ``hparams`` or the datamodule), and fit goes on
     with it. Under DDP every rank searches together and gets the same answer. Sizes are held to ``max_val``
-    and to one rank's share of the training data.
+    and to one rank's share of the training data. As Lightning's finder: run by Lightning's ``Tuner`` in place
+    of its own, the fit stops after the search; a batch size both on the model and in its ``hparams`` is warned
+    about (both are set).
 
     Args:
         mode: None (default) or ``"binsearch"``: unimem's answer, within ``margin`` of the largest that fits;
-            ``"power"``: that answer rounded down to a power of two.
+            ``"power"``: that answer rounded down to a power of two. Read in any case, as Lightning reads it.
         steps_per_trial: Training steps per size tried (default 3: the optimizer's state is allocated in the
             first, and the step after it holds it beside the activations).
         init_val: The first size tried (default 2).
-        max_trials: The most sizes tried, re-runs included (default 25).
+        max_trials: The most sizes tried, re-runs included (default 25); 0: none, the start size kept, as in
+            Lightning.
         batch_arg_name: The attribute that holds the batch size (default ``"batch_size"``).
         margin: The answer is at least ``(1 - margin)`` × the largest size that fits (default 0.05).
         max_val: No size above it (default 8192); None: no bound but the data.

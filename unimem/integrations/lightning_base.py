@@ -33,7 +33,7 @@ from unimem.search.settings import check
 
 __all__ = ["BatchSizeFinderMixin", "MemoryCallbackMixin", "device_index"]
 
-_MODES = (None, "power", "binsearch")
+_MODES = ("power", "binsearch")
 
 
 def device_index(trainer: Any) -> int:
@@ -92,14 +92,23 @@ class MemoryCallbackMixin(_Package):
         if self.hook is None:
             return
         tracked = self.hook.step()
-        every = self.every if self.every is not None else max(1, int(trainer.log_every_n_steps))
-        # batch_idx is the same on every rank, so every rank joins the same gathers.
-        if tracked is None or batch_idx % every:
+        # The step Lightning logs this batch's metrics at (the loss's): the optimizer steps before this one.
+        step = int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+        # Decided from counters every rank shares, so every rank joins the same gathers.
+        if tracked is None or not self._logs_now(trainer, pl_module, step):
             return
         logged = self._over_ranks(trainer, pl_module, figures(tracked, self.hook.host_rss()))
         if trainer.is_global_zero and logged:
             for logger in trainer.loggers:
-                logger.log_metrics(logged, step=trainer.global_step)
+                logger.log_metrics(logged, step=step)
+
+    def _logs_now(self, trainer: Any, pl_module: Any, step: int) -> bool:
+        """Lightning's rule for the loss: never inside a gradient accumulation, and at every ``every``-th
+        (default: ``log_every_n_steps``-th) step counted from 1; 0 never."""
+        if pl_module.automatic_optimization and trainer.fit_loop._should_accumulate():
+            return False
+        every = self.every if self.every is not None else int(trainer.log_every_n_steps)
+        return every > 0 and (step + 1) % every == 0
 
     def _over_ranks(self, trainer: Any, pl_module: Any, own: dict[str, int]) -> dict[str, int]:
         """One rank: its figures. Several: gathered, then combined (``memory_logs.combine``)."""
@@ -172,14 +181,16 @@ class BatchSizeFinderMixin(_Package):
         progress: bool | None = None,
         timeout: float = 600.0,
     ) -> None:
-        if mode not in _MODES:
+        # Lightning reads the mode case-blind (``mode.lower()``).
+        if mode is not None and (not isinstance(mode, str) or mode.lower() not in _MODES):
             raise ConfigError(
                 "mode",
                 f"expected None (unimem's answer), 'binsearch' (the same) or 'power' (rounded down to a power "
-                f"of two), got {mode!r}",
+                f"of two), in any case, got {mode!r}",
             )
         _check_int("steps_per_trial", steps_per_trial, 1)
         _check_int("init_val", init_val, 1)
+        _check_int("max_trials", max_trials, 0)  # 0, as in Lightning: no trial, the start size kept
         if max_val is not None:
             _check_int("max_val", max_val, init_val)
         check(
@@ -191,7 +202,7 @@ class BatchSizeFinderMixin(_Package):
             measure=measure,
             limit=limit,
             baseline=None,
-            max_trials=max_trials,
+            max_trials=max(1, max_trials),
             return_trials=True,
             progress=progress,
             timeout=timeout,
@@ -201,14 +212,14 @@ class BatchSizeFinderMixin(_Package):
             raise ConfigError(
                 "batch_arg_name", f"expected the name of the batch size attribute, got {batch_arg_name!r}"
             )
-        self._rounding = mode
+        self._rounding = mode.lower() if mode is not None else None
         self._steps_per_trial = steps_per_trial
         self._init_val = init_val
         self._max_trials = max_trials
         self._batch_arg_name = batch_arg_name
         self._margin = margin
         self._largest_size = max_val
-        self._early_exit = False  # Lightning's Tuner reads it
+        self._early_exit = False  # Lightning's Tuner sets it: the fit stops after the search
         self._options: dict[str, Any] = {
             "limit": limit,
             "measure": measure,
@@ -230,11 +241,18 @@ class BatchSizeFinderMixin(_Package):
                 "the batch size finder cannot resize dataloaders passed to fit(); build them in the "
                 "LightningModule's or LightningDataModule's train_dataloader() from its batch size attribute",
             )
-        if not self._module("utilities.parsing").lightning_hasattr(pl_module, self._batch_arg_name):
+        name = self._batch_arg_name
+        if not self._module("utilities.parsing").lightning_hasattr(pl_module, name):
             raise ConfigError(
                 "batch_arg_name",
-                f"{self._batch_arg_name!r} is not an attribute of the model, its hparams or the datamodule; "
+                f"{name!r} is not an attribute of the model, its hparams or the datamodule; "
                 "add it (the dataloaders must read it) or name the attribute that holds the batch size",
+            )
+        # Lightning's finder warns here too: two holders of one size, and the dataloaders read only one.
+        if hasattr(pl_module, name) and hasattr(pl_module, "hparams") and name in pl_module.hparams:
+            self._module("utilities.rank_zero").rank_zero_warn(
+                f"Field `model.{name}` and `model.hparams.{name}` are mutually exclusive! The batch size finder "
+                "sets both to the size it finds. If this is not the intended behavior, please remove either one."
             )
 
     def _check_strategy(self, trainer: Any) -> None:
@@ -266,11 +284,26 @@ class BatchSizeFinderMixin(_Package):
 
     def scale_batch_size(self, trainer: Any, pl_module: Any) -> None:
         """Search, and set the answer on the model or datamodule and in ``optimal_batch_size`` (not under
-        ``fast_dev_run``)."""
+        ``fast_dev_run``; with ``max_trials=0`` the start size, untried, as Lightning's finder). Under Lightning's
+        ``Tuner`` (``_early_exit``) the fit then stops, as it does after Lightning's finder."""
         rank_zero = self._module("utilities.rank_zero")
         if trainer.fast_dev_run:
             rank_zero.rank_zero_warn("Skipping the batch size finder: fast_dev_run is on.")
-            return
+        elif self._max_trials == 0:
+            answer = min(self._init_val, self._largest(trainer))
+            self._module("utilities.parsing").lightning_setattr(pl_module, self._batch_arg_name, answer)
+            self._module("tuner.batch_size_scaling")._reset_dataloaders(trainer)  # built at the old size
+            self.optimal_batch_size = answer
+            rank_zero.rank_zero_info(f"unimem's batch size finder: max_trials=0, so the start size {answer}, untried")
+        else:
+            self.optimal_batch_size = answer = self._search(trainer, pl_module)
+            trials = len(self.search.trials) if self.search is not None else 0
+            rank_zero.rank_zero_info(f"unimem's batch size finder: {answer} in {trials} trial(s)")
+        if self._early_exit:
+            raise self._module("utilities.exceptions")._TunerExitException()
+
+    def _search(self, trainer: Any, pl_module: Any) -> int:
+        """The search itself, between a checkpoint saved and restored; the answer, set on the model or datamodule."""
         scaling = self._module("tuner.batch_size_scaling")
         parsing = self._module("utilities.parsing")
         # One path for every rank: rank 0 writes it, every rank reads it back.
@@ -318,10 +351,7 @@ class BatchSizeFinderMixin(_Package):
                 trainer.progress_bar_callback.enable()
             trainer._checkpoint_connector.restore(path)
             trainer.strategy.remove_checkpoint(path)
-        self.optimal_batch_size = answer
-        rank_zero.rank_zero_info(
-            f"unimem's batch size finder: {answer} in {len(self.search.trials)} trial(s); the fit goes on with it"
-        )
+        return answer
 
     def _largest(self, trainer: Any) -> int:
         """``max_val``, and no more than one rank's share of the training data: a larger batch would come short."""
