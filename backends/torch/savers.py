@@ -215,6 +215,12 @@ def _module_class() -> type:
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             return run(self.module, self.policy, args, kwargs)
 
+        def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, torch.nn.Parameter]]:
+            """The names torch's ``checkpoint_wrapper`` gives: every ``_checkpoint_wrapped_module.`` taken out
+            (a parent's names keep it, as there)."""
+            for name, parameter in super().named_parameters(*args, **kwargs):
+                yield name.replace(f"{WRAPPED}.", ""), parameter
+
         def __getattr__(self, name: str) -> Any:
             try:
                 return super().__getattr__(name)

@@ -214,6 +214,29 @@ R["predicate"] = unimem.remat_model(make(), match=lambda m: isinstance(m, torch.
 R["no_match"] = error_of(lambda: unimem.remat_model(make(), match=torch.nn.Conv2d))
 R["bad_match"] = error_of(lambda: unimem.remat_model(make(), match=3))
 R["other_backend"] = error_of(lambda: unimem.remat(Block(), backend="tensorflow"))
+R["misspelt"] = error_of(lambda: unimem.remat_model(make(), match="Blok"))
+R["misspelt_case"] = error_of(lambda: unimem.remat_model(make(), match="block"))
+R["misspelt_left_alone"] = [type(b).__name__ for b in make().h]
+
+# Names as torch's own wrapper (checkpoint_wrapper) gives them, by the saved module and by its parent.
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+def names(wrap):
+    saved = wrap(make())
+    parent = torch.nn.Sequential(saved)
+    twice = wrap(torch.nn.Sequential(wrap(Block())))
+    return {
+        "own": [n for n, _ in saved.named_parameters()],
+        "own_prefixed": [n for n, _ in saved.named_parameters(prefix="top")],
+        "own_not_recursed": [n for n, _ in saved.named_parameters(recurse=False)],
+        "nested": [n for n, _ in twice.named_parameters()],
+        "parent": [n for n, _ in parent.named_parameters()],
+        "buffers": [n for n, _ in saved.named_buffers()],
+        "state_dict": list(saved.state_dict()),
+        "parent_state_dict": list(parent.state_dict()),
+        "loaded": str(saved.load_state_dict(make().state_dict(), strict=True)),
+        "parameters": len(list(saved.parameters())),
+    }
+R["names"] = {"unimem": names(lambda m: unimem.remat(m, "full")), "torch": names(checkpoint_wrapper)}
 def product(a, b):
     return a * b
 R["function_name"] = unimem.remat(product).__name__
@@ -433,6 +456,22 @@ def test_torch_remat_model_refuses_a_match_that_picks_nothing_or_is_no_match():
     run = _torch_modules()
     assert run["no_match"]["type"] == "ConfigError" and "match" in run["no_match"]["message"]
     assert run["bad_match"]["type"] == "ConfigError" and "predicate" in run["bad_match"]["message"]
+
+
+@pytest.mark.slow
+def test_torch_a_saved_module_names_its_parameters_as_torchs_checkpoint_wrapper_does():
+    names = _torch_modules()["names"]
+    assert names["unimem"]["own"][:2] == ["h.0.fc.weight", "h.0.fc.bias"]  # the block's own names
+    assert names["unimem"] == names["torch"]  # own, prefixed, nested, a parent's, buffers, state_dict keys
+
+
+@pytest.mark.slow
+def test_torch_remat_model_suggests_the_class_a_misspelt_name_meant():
+    run = _torch_modules()
+    for key in ("misspelt", "misspelt_case"):
+        assert run[key]["type"] == "ConfigError", run[key]
+        assert run[key]["message"].startswith("match: ") and "did you mean 'Block'?" in run[key]["message"]
+    assert run["misspelt_left_alone"] == ["Block"] * 3  # nothing changed
 
 
 @pytest.mark.slow

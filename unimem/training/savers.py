@@ -8,6 +8,7 @@ Which mechanism per framework and policy, and why dropout replays: docs/guides/m
 from __future__ import annotations
 
 import contextlib
+import difflib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -56,9 +57,9 @@ def remat(fn: T, policy: str = "full", backend: str | None = None) -> T:
 
     Call the result where ``fn`` was called: the same outputs and gradients, dropout included. A
     framework object stays one: a ``torch.nn.Module`` comes back as an ``nn.Module`` (its
-    ``state_dict()`` keys unchanged), a Keras layer as a Keras layer, a Flax module class as the
-    class ``nn.remat`` makes. Each framework's mechanism per policy, and what a saver costs:
-    [Memory savers](../guides/memory-savers.md).
+    ``state_dict()`` keys unchanged, its ``named_parameters()`` as torch's ``checkpoint_wrapper``
+    names them), a Keras layer as a Keras layer, a Flax module class as the class ``nn.remat`` makes.
+    Each framework's mechanism per policy, and what a saver costs: [Memory savers](../guides/memory-savers.md).
 
     Args:
         fn: The block: a function, a ``torch.nn.Module``, a Keras layer or model, a Flax module class,
@@ -136,7 +137,8 @@ def remat_model(model: Any, policy: str = "full", *, match: Match, backend: str 
 
     Raises:
         ConfigError: ``policy`` or ``match`` is invalid, ``match`` picks no submodule of ``model`` (nothing
-            changed), or ``model`` is not a model of ``backend``.
+            changed; a misspelt class name gets the nearest one in the model), or ``model`` is not a model of
+            ``backend``.
         UnsupportedFeature: The framework cannot do ``policy``, or has no models to change in place (JAX).
         BackendUnavailable: The framework is not installed.
 
@@ -147,14 +149,31 @@ def remat_model(model: Any, policy: str = "full", *, match: Match, backend: str 
     """
     key = _policy(policy)
     matches = _matcher(match)
-    count = registry.get_backend(_framework(backend, model, "model")).savers.remat_model(model, key, matches)
+    seen: set[str] = set()  # the class names of the submodules looked at, for a misspelt name
+
+    def picks(module: Any) -> bool:
+        seen.add(type(module).__name__)
+        return matches(module)
+
+    count = registry.get_backend(_framework(backend, model, "model")).savers.remat_model(model, key, picks)
     if count == 0:
         raise ConfigError(
             "match",
-            f"{match!r} picked no submodule of the model; pass the class of its repeated block (the transformer "
-            "layer, the residual block), a tuple of classes, a class name, or a predicate",
+            f"{match!r} picked no submodule of the model; {_did_you_mean(match, seen)}pass the class of its "
+            "repeated block (the transformer layer, the residual block), a tuple of classes, a class name, or a "
+            "predicate",
         )
     return count
+
+
+def _did_you_mean(match: object, names: set[str]) -> str:
+    """``"did you mean 'Block'? "`` where ``match`` is a class name close to one of ``names`` (case aside),
+    else ``""``."""
+    if not isinstance(match, str):
+        return ""
+    by_lower = {name.lower(): name for name in sorted(names)}
+    close = difflib.get_close_matches(match.strip().lower(), list(by_lower), n=1)
+    return f"did you mean {by_lower[close[0]]!r}? " if close else ""
 
 
 def offload(backend: str | None = None) -> contextlib.AbstractContextManager[None]:
