@@ -32,6 +32,39 @@ def test_the_message_says_what_was_in_use_and_what_the_process_could_hold() -> N
     ) == (0, None)
 
 
+def _message(allocated: str, free: str, *, total: str = "40.00 GiB", process: str = "", allowed: str = "") -> str:
+    """torch's CUDA out-of-memory message with the given figures (``process``/``allowed``: left out when empty)."""
+    return (
+        f"CUDA out of memory. Tried to allocate 14.00 GiB. GPU 0 has a total capacity of {total} of which {free} is "
+        "free. "
+        + (f"Including non-PyTorch memory, this process has {process} memory in use. " if process else "")
+        + (f"{allowed} allowed; " if allowed else "")
+        + f"Of the allocated memory {allocated} is allocated by PyTorch, and 0 bytes is reserved by PyTorch but "
+        "unallocated."
+    )
+
+
+# Each message states figures that cannot all be true.
+IMPOSSIBLE = {
+    "more allocated than the device holds": _message("50.00 GiB", "5.50 GiB"),
+    "more free than the device holds": _message("1.00 GiB", "41.00 GiB"),
+    "the pool above the process's bytes": _message("30.00 GiB", "5.50 GiB", process="20.00 GiB"),
+    "the process's bytes above the device": _message("30.00 GiB", "5.50 GiB", process="17179869184.00 GiB"),
+    "the pool above the cap": _message("30.00 GiB", "5.50 GiB", allowed="20.00 GiB"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IMPOSSIBLE))
+def test_a_message_whose_figures_cannot_all_be_true_bounds_nothing(case: str) -> None:
+    assert message_figures(IMPOSSIBLE[case]) == (None, None)
+    # torch's rounding to two decimals is no contradiction: 79.14 GiB in use + 2.56 MiB free within 79.15 GiB.
+    assert message_figures(TORCH_MESSAGE)[1] is not None
+    assert message_figures(_message("30.00 GiB", "5.50 GiB", process="30.50 GiB", allowed="36.00 GiB")) == (
+        30 << 30,
+        int(35.5 * (1 << 30)),
+    )
+
+
 def test_a_failure_bounds_the_size_by_its_bytes_per_sample() -> None:
     # 100 samples needed at least 1000 bytes above a 100-byte baseline: 10 a sample at least; 500 bytes are left.
     failed = Attempt(100, "oom", needed=1100, capacity=600, baseline=100)
@@ -144,6 +177,19 @@ COMPARE = """
     def default(batch_size):
         return batch_size
     behaviour["bare_decorator"] = default()
+
+    # Figures that cannot all be true (50 GiB allocated on a 40 GiB device) must not bring the size below
+    # accelerate's: sizes up to 57 fit, and the figures, believed, would say no more than 55 can.
+    impossible = {{}}
+    for finder_name, finder in (("accelerate", accelerates), ("unimem", unimems)):
+        calls = []
+        def impossible_loop(batch_size):
+            calls.append(batch_size)
+            if batch_size > 57:
+                raise torch.OutOfMemoryError({impossible!r})
+            return batch_size
+        impossible[finder_name] = [finder(impossible_loop, starting_batch_size=64)(), list(calls)]
+    behaviour["impossible"] = impossible
     emit({{"cases": cases, "behaviour": behaviour}})
 """
 
@@ -160,7 +206,8 @@ CASES = [
 @pytest.fixture(scope="module")
 def compared(pyjson: Any) -> Any:
     need_package("accelerate")
-    return pyjson(COMPARE.format(cases=CASES), timeout=300)
+    impossible = IMPOSSIBLE["more allocated than the device holds"]
+    return pyjson(COMPARE.format(cases=CASES, impossible=impossible), timeout=300)
 
 
 @pytest.mark.slow
@@ -191,3 +238,10 @@ def test_keeps_accelerates_behaviour(compared: Any) -> None:
     assert behaviour["zero"][0] == "No executable batch size found, reached zero."
     assert behaviour["zero"][1][0] == 4 and len(behaviour["zero"][1]) <= 4
     assert behaviour["bare_decorator"] == 128  # accelerate's default starting size
+
+
+@pytest.mark.slow
+def test_figures_that_cannot_be_true_never_bring_the_answer_below_accelerates(compared: Any) -> None:
+    impossible = compared["behaviour"]["impossible"]
+    assert impossible["accelerate"] == [57, [64, 57]]
+    assert impossible["unimem"] == impossible["accelerate"]  # accelerate's step, not the figures' 55
