@@ -303,8 +303,8 @@ def pyjson():
 
 
 def _unimem_state() -> dict[str, Any]:
+    from unimem.backends import nvml_gate as nvml_backend
     from unimem.backends import steps
-    from unimem.backends.nvml import _gate as nvml_backend
 
     from unimem import import_hooks, registry
 
@@ -322,8 +322,8 @@ def _unimem_state() -> dict[str, Any]:
 
 
 def _restore(state: dict[str, Any]) -> None:
+    from unimem.backends import nvml_gate as nvml_backend
     from unimem.backends import steps
-    from unimem.backends.nvml import _gate as nvml_backend
 
     from unimem import import_hooks, registry
 

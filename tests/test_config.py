@@ -13,9 +13,9 @@ import pytest
 from conftest import REPO, run_py, subprocess_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from unimem.backends import nvml_gate as nvml_backend
 from unimem.backends import steps
 from unimem.backends.jax import configure as jax_configure
-from unimem.backends.nvml import _gate as nvml_backend
 
 import unimem
 from unimem import import_hooks, registry

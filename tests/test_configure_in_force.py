@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from unimem.backends import nvml_gate
 from unimem.backends.jax import configure as jax_configure
-from unimem.backends.nvml import _gate as nvml_gate
 from unimem.backends.nvml import adapter as nvml_adapter
 
 import unimem

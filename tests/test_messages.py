@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from unimem.backends.nvml import _gate as nvml_gate
+from unimem.backends import nvml_gate
 
 import unimem
 from unimem.cli.main import main as cli_main

@@ -87,7 +87,7 @@ def test_adapter_modules_import_without_their_framework(py, name):
         f"""
         import sys
         import unimem.backends.{name}.adapter
-        import unimem.backends.nvml._gate
+        import unimem.backends.nvml_gate
         loaded = [m for m in {HEAVY!r} if m in sys.modules]
         assert not loaded, loaded
         """

@@ -13,8 +13,8 @@ import sys
 from functools import cached_property
 from typing import ClassVar
 
+from unimem.backends import nvml_gate
 from unimem.backends.base import Backend
-from unimem.backends.nvml import _gate as nvml_gate
 from unimem.backends.steps import Step
 from unimem.backends.topics import DiagnoseTopic, ObserveTopic, SearchTopic
 

@@ -23,7 +23,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from unimem.backends.nvml import _gate as nvml_gate
+from unimem.backends import nvml_gate
 from unimem.backends.steps import (
     STATUS_APPLIED,
     STATUS_PENDING,

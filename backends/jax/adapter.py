@@ -13,11 +13,11 @@ import warnings
 from functools import cached_property
 from typing import Any, ClassVar
 
+from unimem.backends import nvml_gate
 from unimem.backends.base import Backend, no_such_device
 from unimem.backends.jax import _runtime as runtime
 from unimem.backends.jax import configure
 from unimem.backends.jax.configure import ALLOCATOR, PREALLOCATE
-from unimem.backends.nvml import _gate as nvml_gate
 from unimem.backends.steps import Step
 from unimem.backends.topics import (
     AccumulationTopic,

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from unimem.backends.nvml import _gate as nvml_gate
+from unimem.backends import nvml_gate
 from unimem.backends.steps import STATUS_NO_DEVICE, Step, devices_step, env_step, written_vars
 
 from unimem.config import Settings

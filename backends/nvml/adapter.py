@@ -1,6 +1,6 @@
 """NVML (nvidia-ml-py) as a backend: the framework-free view of device and process memory.
 
-It observes and never configures; every NVML call goes through ``_gate``.
+It observes and never configures; every NVML call goes through the gate (``unimem.backends.nvml_gate``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import Any, ClassVar
 
+from unimem.backends import nvml_gate as gate
 from unimem.backends.base import Backend, no_such_device
+from unimem.backends.nvml_gate import Reading
 from unimem.backends.steps import Step
 from unimem.backends.topics import ObserveTopic
 
@@ -19,9 +21,6 @@ from unimem.config import Settings
 from unimem.errors import UnsupportedFeature
 from unimem.memory_stats import MemoryStats
 from unimem.support import Level, Phase, Support
-
-from . import _gate as gate
-from ._gate import Reading
 
 __all__ = ["NvmlBackend"]
 

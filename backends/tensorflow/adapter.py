@@ -12,8 +12,8 @@ import warnings
 from functools import cached_property
 from typing import ClassVar
 
+from unimem.backends import nvml_gate
 from unimem.backends.base import Backend, no_such_device
-from unimem.backends.nvml import _gate as nvml_gate
 from unimem.backends.steps import Step
 from unimem.backends.tensorflow import configure
 from unimem.backends.tensorflow.configure import ALLOCATOR_VAR, GROWTH_VAR

@@ -12,7 +12,7 @@ import sys
 import warnings
 from typing import Any
 
-from unimem.backends.nvml import _gate as nvml_gate
+from unimem.backends import nvml_gate
 from unimem.backends.steps import (
     STATUS_NO_DEVICE,
     STATUS_PENDING,

@@ -11,8 +11,8 @@ import sys
 from functools import cached_property
 from typing import Any, ClassVar
 
+from unimem.backends import nvml_gate
 from unimem.backends.base import Backend, no_such_device
-from unimem.backends.nvml import _gate as nvml_gate
 from unimem.backends.steps import Step
 from unimem.backends.topics import (
     AccumulationTopic,

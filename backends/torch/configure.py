@@ -15,7 +15,7 @@ import threading
 import types
 from typing import Any
 
-from unimem.backends.nvml import _gate as nvml_gate
+from unimem.backends import nvml_gate
 from unimem.backends.steps import (
     STATUS_APPLIED,
     STATUS_NO_DEVICE,

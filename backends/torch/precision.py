@@ -53,7 +53,7 @@ def dtype(name: str) -> Any:
 
 def _nvml_compute_capability(index: int) -> tuple[int, int] | None:
     """The GPU's compute capability from NVML, which (unlike torch) does not start CUDA."""
-    from unimem.backends.nvml import _gate as gate
+    from unimem.backends import nvml_gate as gate
 
     try:
         pynvml = gate.load()

@@ -224,7 +224,7 @@ def test_fraction_hook_without_nvml_does_not_break_import_tensorflow(py, tmp_pat
         """
         import sys, warnings
         import unimem
-        from unimem.backends.nvml._gate import nvml_status
+        from unimem.backends.nvml_gate import nvml_status
         assert nvml_status() != "ok", "this test describes a machine without NVML"
         try:
             applied = unimem.configure(backend="tensorflow", fraction=0.5)

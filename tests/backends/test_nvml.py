@@ -9,7 +9,7 @@ import types
 from typing import Any
 
 import pytest
-from unimem.backends.nvml import _gate as nvml_backend
+from unimem.backends import nvml_gate as nvml_backend
 
 import unimem
 

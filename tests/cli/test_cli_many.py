@@ -26,7 +26,7 @@ MIB = 1 << 20
 # use: 6 GiB held by processes NVML does not list. 4242 and 777 do not exist here: no name.
 _FAKE_GATE = """
 import os, sys
-from unimem.backends.nvml import _gate as gate
+from unimem.backends import nvml_gate as gate
 
 GIB = 1 << 30
 PROCS = {0: [(os.getpid(), 3 * GIB), (4242, 2 * GIB)], 1: [(777, 1 * GIB)]}
