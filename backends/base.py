@@ -51,8 +51,8 @@ from unimem.memory_stats import MemoryStats
 from unimem.support import Phase, Support, When
 
 if TYPE_CHECKING:
-    from unimem.diagnose.live_objects import LiveMemory
-    from unimem.training.loss_scaling import LossScaler, ScalerConfig
+    from unimem.live_memory import LiveMemory
+    from unimem.loss_scaling import LossScaler, ScalerConfig
 
 __all__ = [
     "Accumulation",

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from unimem.backends.steps import Step
 
-    from unimem.diagnose.live_objects import LiveMemory
+    from unimem.live_memory import LiveMemory
+    from unimem.loss_scaling import LossScaler, ScalerConfig
     from unimem.memory_stats import MemoryStats
-    from unimem.training.loss_scaling import LossScaler, ScalerConfig
 
 __all__ = [
     "TOPICS",
@@ -329,8 +329,9 @@ class WorkloadsTopic(Protocol):
         ...
 
     def workload_step(self, workload: str, shapes: Any, dtype: str) -> tuple[Callable[[], None], int]:
-        """``(step, parameter_count)`` of reference workload ``workload`` (``unimem.compare.workloads``)
-        at ``shapes`` in ``dtype``."""
+        """``(step, parameter_count)`` of reference workload ``workload`` (``unimem.workload_specs``)
+        at ``shapes`` in ``dtype``; with ``shapes.saver`` set, every block runs through ``shapes.wrap``
+        (``unimem.workload_specs.loss_function`` builds the loss either way)."""
         ...
 
 

@@ -59,7 +59,7 @@ _LAZY: dict[str, str] = {
     "Trial": "search.batch_size",
     "find_batch_size": "search.batch_size",
     "MemoryHook": "observe.hook",
-    "LossScaler": "training.loss_scaling",
+    "LossScaler": "loss_scaling",
     "Monitor": "observe.monitor",
     "monitor": "observe.monitor",
     "is_oom": "diagnose.guard",
@@ -104,6 +104,7 @@ if TYPE_CHECKING:
         UnsupportedFeature,
     )
     from unimem.in_force import BackendConfiguration, Configuration, configuration
+    from unimem.loss_scaling import LossScaler
     from unimem.memory_stats import MemoryStats
     from unimem.observe.cluster import ClusterStats, cluster_stats
     from unimem.observe.hook import MemoryHook
@@ -126,7 +127,6 @@ if TYPE_CHECKING:
         accumulate_grads,
         plan_accumulation,
     )
-    from unimem.training.loss_scaling import LossScaler
     from unimem.training.precision import Policy, mixed_precision
     from unimem.training.savers import offload, remat, remat_model
 

@@ -11,7 +11,7 @@ import sys
 
 from unimem.backends.base import Diagnose, error_class_in
 
-from unimem.diagnose.live_objects import LiveMemory, LiveObject, Tally
+from unimem.live_memory import LiveMemory, LiveObject, Tally
 
 _RUNTIME_ERRORS = (("jax", "JaxRuntimeError"), ("jaxlib", "XlaRuntimeError"), ("jax", "XlaRuntimeError"))
 # What makes a RESOURCE_EXHAUSTED status about memory: the status also reports quotas and

@@ -19,7 +19,7 @@ from typing import Any
 from unimem.backends.jax import _runtime as runtime
 
 from unimem.errors import UnsupportedFeature
-from unimem.training.loss_scaling import LossScaler, NoLossScaling, ScalerConfig
+from unimem.loss_scaling import LossScaler, NoLossScaling, ScalerConfig
 
 __all__ = [
     "JaxLossScaler",

@@ -1,4 +1,4 @@
-"""The ``unimem compare`` workloads in JAX (the math is ``unimem.compare.workloads.forward``).
+"""The ``unimem compare`` workloads in JAX (the math is ``unimem.workload_specs.forward``).
 
 ``JaxWorkloads`` is the JAX adapter's ``workloads`` topic; it imports jax inside each
 method, so importing this module costs nothing.
@@ -11,7 +11,7 @@ from typing import Any
 
 from unimem.backends.base import Workloads
 
-from unimem.compare.workloads import (
+from unimem.workload_specs import (
     LEARNING_RATE,
     Shapes,
     input_shape,
@@ -83,7 +83,7 @@ class JaxWorkloads(Workloads):
             for (n, shape), k in zip(sizes.items(), keys[:-1], strict=True)
         }
         x = jax.random.normal(keys[-1], input_shape(workload, shapes)).astype(dt)
-        loss = loss_function(_ops(), workload, shapes, "jax")
+        loss = loss_function(_ops(), workload, shapes)
 
         @jax.jit
         def update(p: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from unimem.backends.base import Diagnose, error_class_in
 
-from unimem.diagnose.live_objects import LiveMemory, LiveObject, Tally
+from unimem.live_memory import LiveMemory, LiveObject, Tally
 
 _EXHAUSTED = (("tensorflow", "ResourceExhaustedError"),)
 # What makes a RESOURCE_EXHAUSTED status about memory: the status also reports quotas and

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from unimem.errors import ConfigError, UnsupportedFeature
-from unimem.training.loss_scaling import LossScaler, NoLossScaling, ScalerConfig
-from unimem.training.trees import map_leaves, tree_leaves
+from unimem.loss_scaling import LossScaler, NoLossScaling, ScalerConfig
+from unimem.trees import map_leaves, tree_leaves
 
 __all__ = [
     "TensorFlowLossScaler",

@@ -1,4 +1,4 @@
-"""The ``unimem compare`` workloads in TensorFlow (the math is ``unimem.compare.workloads.forward``).
+"""The ``unimem compare`` workloads in TensorFlow (the math is ``unimem.workload_specs.forward``).
 
 ``TensorFlowWorkloads`` is the TensorFlow adapter's ``workloads`` topic; it imports tensorflow inside each
 method, so importing this module costs nothing.
@@ -11,7 +11,7 @@ from typing import Any
 
 from unimem.backends.base import Workloads
 
-from unimem.compare.workloads import (
+from unimem.workload_specs import (
     LEARNING_RATE,
     Shapes,
     input_shape,
@@ -77,7 +77,7 @@ class TensorFlowWorkloads(Workloads):
         tf.random.set_seed(0)
         params = {n: tf.Variable(tf.cast(tf.random.normal(shape) * 0.02, dt), name=n) for n, shape in sizes.items()}
         x = tf.cast(tf.random.normal(input_shape(workload, shapes)), dt)
-        loss_of = loss_function(_ops(shapes), workload, shapes, "tensorflow")
+        loss_of = loss_function(_ops(shapes), workload, shapes)
         names = list(params)
 
         @tf.function(jit_compile=False)

@@ -12,7 +12,7 @@ from typing import Any
 
 from unimem.backends.base import Diagnose, error_class_in
 
-from unimem.diagnose.live_objects import LiveMemory, LiveObject, Tally
+from unimem.live_memory import LiveMemory, LiveObject, Tally
 
 # ``torch.cuda.OutOfMemoryError`` is the same class, defined in torch's own module.
 _OOM_CLASSES = (("torch", "OutOfMemoryError"),)

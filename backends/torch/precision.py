@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from unimem.errors import ConfigError, UnimemError, UnsupportedFeature
-from unimem.training.loss_scaling import LossScaler, ScalerConfig, next_scale
-from unimem.training.trees import map_leaves, tree_leaves
+from unimem.loss_scaling import LossScaler, ScalerConfig, next_scale
+from unimem.trees import map_leaves, tree_leaves
 
 __all__ = [
     "TorchLossScaler",

@@ -1,4 +1,4 @@
-"""The ``unimem compare`` workloads in PyTorch (the math is ``unimem.compare.workloads.forward``).
+"""The ``unimem compare`` workloads in PyTorch (the math is ``unimem.workload_specs.forward``).
 
 ``TorchWorkloads`` is the PyTorch adapter's ``workloads`` topic; it imports torch inside each
 method, so importing this module costs nothing.
@@ -11,7 +11,7 @@ from typing import Any
 
 from unimem.backends.base import Workloads
 
-from unimem.compare.workloads import (
+from unimem.workload_specs import (
     LEARNING_RATE,
     Shapes,
     input_shape,
@@ -83,7 +83,7 @@ class TorchWorkloads(Workloads):
             for n, shape in sizes.items()
         }
         x = torch.randn(input_shape(workload, shapes), generator=gen).to(device=device, dtype=dt)
-        loss_of = loss_function(_ops(), workload, shapes, "torch")
+        loss_of = loss_function(_ops(), workload, shapes)
 
         def step() -> None:
             loss = loss_of(params, x)

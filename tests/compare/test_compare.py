@@ -88,7 +88,7 @@ def test_only_frameworks_whose_adapter_runs_the_workloads_are_compared() -> None
 
 def test_parameter_shapes_are_shared_by_every_framework() -> None:
     shapes = compare_module.SIZES["small"]
-    from unimem.compare.workloads import parameter_shapes
+    from unimem.workload_specs import parameter_shapes
 
     mlp = parameter_shapes("mlp", shapes)
     assert mlp["w0"] == (shapes.width, shapes.hidden)

@@ -3,7 +3,7 @@ and ``offload`` (every block's saved activations on the host).
 
 On the CPU: each configuration runs in every framework that can do it and reports its
 figures; TensorFlow, which cannot offload, gives a row that says unsupported and why. The
-blocks compute exactly ``unimem.compare.workloads.forward``'s loss (checked with a numpy op table).
+blocks compute exactly ``unimem.workload_specs.forward``'s loss (checked with a numpy op table).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import pytest
 import unimem
 from tests.conftest import required_frameworks, subprocess_env
 from unimem.compare import harness as compare_module
-from unimem.compare.workloads import SIZES, Shapes, forward, forward_in_blocks, input_shape, parameter_shapes
+from unimem.compare.workloads import SIZES
+from unimem.workload_specs import Shapes, forward, forward_in_blocks, input_shape, parameter_shapes
 
 
 class NumpyOps:
@@ -77,6 +78,49 @@ def test_the_blocks_compute_the_workloads_loss_exactly(workload: str) -> None:
     assert forward_in_blocks(NumpyOps, workload, s, params, x, wrap) == pytest.approx(expected, rel=1e-12)
     # Every block goes through the saver: each MLP layer, or both halves of the transformer block.
     assert wrapped == (["layer"] * (s.depth + 1) if workload == "mlp" else ["attention", "mlp"])
+
+
+def test_the_adapter_gets_the_saver_from_the_front(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``build_step`` hands the adapter the saver each block runs under (``unimem.remat`` in the step's
+    framework); the adapter's loss calls it for every block, and without it refuses rather than run
+    the configuration with no saver."""
+    from unimem import registry
+    from unimem.compare.workloads import build_step
+    from unimem.training import savers
+    from unimem.workload_specs import loss_function
+
+    remats: list[tuple[str, str, str | None]] = []
+
+    def remat(fn: Any, policy: str = "full", backend: str | None = None) -> Any:
+        remats.append((getattr(fn, "__name__", "?"), policy, backend))
+        return fn
+
+    handed: list[Shapes] = []
+
+    class Workloads:
+        def workload_step(self, workload: str, shapes: Shapes, dtype: str) -> tuple[Any, int]:
+            handed.append(shapes)
+            return (lambda: None), 0
+
+    class Adapter:
+        workloads = Workloads()
+
+    monkeypatch.setattr(savers, "remat", remat)
+    monkeypatch.setattr(registry, "get_backend", lambda name: Adapter())
+    s = Shapes(batch=3, width=8, hidden=12, depth=2, seq=5, heads=2, saver="full")
+    build_step("torch", "mlp", s, "float32")
+    (shapes,) = handed
+    assert shapes == s and shapes.wrap is not None
+    assert remats == [("<lambda>", "full", "torch")], "an unsupported policy is refused before the adapter runs"
+
+    rng = np.random.default_rng(0)
+    params = {n: rng.standard_normal(shape) for n, shape in parameter_shapes("mlp", s).items()}
+    x = rng.standard_normal(input_shape("mlp", s))
+    loss = loss_function(NumpyOps, "mlp", shapes)(params, x)
+    assert loss == pytest.approx(forward(NumpyOps, "mlp", s, params, x), rel=1e-12)
+    assert remats[1:] == [("layer", "full", "torch")] * (s.depth + 1)
+    with pytest.raises(ValueError, match="saver='full' need wrap="):
+        loss_function(NumpyOps, "mlp", s)
 
 
 def test_the_savers_are_configurations() -> None:

@@ -23,7 +23,7 @@ from conftest import REPO, need_framework, run_json, subprocess_env
 
 import unimem
 from unimem.errors import ConfigError, UnsupportedFeature
-from unimem.training.loss_scaling import ScalerConfig, next_scale
+from unimem.loss_scaling import ScalerConfig, next_scale
 
 # Every framework's mixed precision in fresh processes (a TensorFlow run alone is seconds): the slow set.
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from unimem.compare.workloads import Shapes
+from unimem.workload_specs import Shapes
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "default": {},

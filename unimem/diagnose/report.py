@@ -15,9 +15,10 @@ from typing import Any
 
 from unimem import registry
 from unimem.api import read_snapshot
-from unimem.diagnose.live_objects import LiveMemory, LiveObject, scan
+from unimem.diagnose.live_objects import scan
 from unimem.diagnose.recognise import error_text, framework_of, requested_bytes
 from unimem.diagnose.rules import HIGH_FRAGMENTATION, Context, PoolUse, Suggestion, Traits, suggest
+from unimem.live_memory import LiveMemory, LiveObject
 from unimem.memory_stats import MemoryStats
 from unimem.pool_fragmentation import Fragmentation, read
 from unimem.sizes import format_bytes

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from unimem import registry
-from unimem.diagnose.live_objects import LiveMemory
+from unimem.live_memory import LiveMemory
 from unimem.memory_stats import MemoryStats
 from unimem.pool_fragmentation import Fragmentation
 from unimem.sizes import format_bytes

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from unimem import registry
 from unimem.errors import ConfigError, UnimemError, UnsupportedFeature
-from unimem.training.loss_scaling import LossScaler, ScalerConfig
-from unimem.training.trees import map_leaves as map_leaves  # kept importable from here
-from unimem.training.trees import tree_leaves as tree_leaves
+from unimem.loss_scaling import LossScaler, ScalerConfig
+from unimem.trees import map_leaves as map_leaves  # kept importable from here
+from unimem.trees import tree_leaves as tree_leaves
 
 if TYPE_CHECKING:
     from unimem.backends.topics import PrecisionHelpers
