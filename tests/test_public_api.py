@@ -56,3 +56,12 @@ def test_the_console_script_and_the_named_submodules_resolve():
     assert callable(script.load())
     for name in ("unimem.testing", "unimem.integrations.keras", "unimem.__main__"):
         assert importlib.util.find_spec(name) is not None, name
+
+
+def test_a_path_the_api_reference_named_before_a_move_still_imports():
+    from unimem import loss_scaling
+    from unimem.training import loss_scaling as older
+
+    assert older.LossScaler is unimem.LossScaler is loss_scaling.LossScaler
+    assert older.__all__ == loss_scaling.__all__
+    assert all(getattr(older, name) is getattr(loss_scaling, name) for name in older.__all__)
