@@ -518,7 +518,7 @@ def test_the_module_limit_catches_a_long_module(tmp_path: Path) -> None:
     assert _over_module_limit([long, short]) == [(long, MODULE_LINES + 1)]
 
 
-# Internal code holds a resolved adapter: it reads through ``unimem.api.read_snapshot`` and the
+# Internal code holds a resolved adapter: it reads through ``unimem.snapshots.read_snapshot`` and the
 # adapter, not through the public functions, which validate and resolve the backend again.
 PUBLIC_FACE = {"stats", "reset_peak", "clear_cache", "summary"}
 INTERNAL_READERS = [p for folder in ("diagnose", "observe", "search") for p in sorted((FRONT / folder).glob("*.py"))]

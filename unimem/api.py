@@ -9,15 +9,17 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from unimem import host_memory, in_force, ranks, registry
+from unimem import in_force, ranks, registry
 from unimem.applied import Action, Applied
 from unimem.config import ENV_VARS, Request, Settings, check_device, parse_env
 from unimem.errors import BackendUnavailable, ConfigError, TooLateError, UnimemWarning, UnsupportedFeature
-from unimem.memory_stats import MemoryStats, with_host_rss
+from unimem.memory_stats import MemoryStats
+from unimem.snapshots import adapter_stats as adapter_stats  # re-exported: observe/ and search/ read through api
+from unimem.snapshots import framework_free_stats as framework_free_stats
+from unimem.snapshots import read_snapshot
 from unimem.support import Support
 
 if TYPE_CHECKING:
-    from unimem.backends.base import Backend
     from unimem.backends.steps import Step
 
 __all__ = [
@@ -371,33 +373,6 @@ def stats(backend: str | None = None, device: int = 0, *, nvml: bool = True) -> 
     if not isinstance(nvml, bool):
         raise ConfigError("nvml", f"expected True or False, got {nvml!r}")
     return read_snapshot(registry.resolve(backend, "query"), device, nvml=nvml)
-
-
-def read_snapshot(name: str | None, device: int, *, nvml: bool = True) -> MemoryStats:
-    """``name``'s snapshot (None: the framework-free view), with ``host_rss`` unless ``nvml=False``."""
-    if name is None:
-        return framework_free_stats(device)
-    return adapter_stats(registry.get_backend(name), device, nvml=nvml)
-
-
-def adapter_stats(adapter: Backend, device: int, *, nvml: bool = True) -> MemoryStats:
-    """What ``stats()`` answers for an adapter already resolved and a device already checked: the
-    adapter's snapshot, with ``host_rss`` unless ``nvml=False``. Internal code that holds the
-    adapter (the batch search) reads through it, so nothing is validated or resolved twice."""
-    snapshot = adapter.stats(device, nvml=nvml)
-    return with_host_rss(snapshot, host_memory.rss()) if nvml else snapshot
-
-
-def framework_free_stats(device: int) -> MemoryStats:
-    """The framework-free view: NVML's figures and ``host_rss``; on a machine without a driver
-    (or without nvidia-ml-py) the host figure alone rather than an error (an explicit
-    ``backend="nvml"`` raises)."""
-    name = registry.FRAMEWORK_FREE
-    try:
-        snapshot = registry.get_backend(name).stats(device)
-    except BackendUnavailable:
-        snapshot = MemoryStats(name, device)
-    return with_host_rss(snapshot, host_memory.rss())
 
 
 def _query_backend(backend: str | None) -> str:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unimem import registry
-from unimem.api import read_snapshot
 from unimem.diagnose.live_objects import scan
 from unimem.diagnose.recognise import error_text, framework_of, requested_bytes
 from unimem.diagnose.rules import HIGH_FRAGMENTATION, Context, PoolUse, Suggestion, Traits, suggest
@@ -22,6 +21,7 @@ from unimem.live_memory import LiveMemory, LiveObject
 from unimem.memory_stats import MemoryStats
 from unimem.pool_fragmentation import Fragmentation, read
 from unimem.sizes import format_bytes
+from unimem.snapshots import read_snapshot
 from unimem.training.precision import enabled_backends
 
 __all__ = [
