@@ -6,6 +6,9 @@
   registry's table;
 - no ``_``-prefixed name is imported or reached across the boundary between ``unimem/``
   and ``backends/``;
+- the adapters (``backends/``) import neither the public face nor a feature folder of the front
+  (``FEATURES``), anywhere in a module (functions and ``if TYPE_CHECKING:`` blocks included): they
+  sit below the features they serve;
 - no ``_``-prefixed name is imported or reached from another module of the front;
 - no import cycle among the modules of ``unimem`` and ``unimem.backends``, imports inside
   functions included (``if TYPE_CHECKING:`` blocks excepted);
@@ -110,9 +113,10 @@ def _type_checking_blocks(tree: ast.AST) -> set[int]:
     return inside
 
 
-def _imports(source: Source) -> Iterator[tuple[ast.AST, str, list[str]]]:
-    """``(node, absolute module, imported names)`` of every import outside TYPE_CHECKING blocks."""
-    skip = _type_checking_blocks(source.tree)
+def _imports(source: Source, *, typing_too: bool = False) -> Iterator[tuple[ast.AST, str, list[str]]]:
+    """``(node, absolute module, imported names)`` of every import outside TYPE_CHECKING blocks
+    (inside them too with ``typing_too``)."""
+    skip = set() if typing_too else _type_checking_blocks(source.tree)
     package = source.module if source.is_package else source.module.rpartition(".")[0]
     for node in ast.walk(source.tree):
         if id(node) in skip:
@@ -299,6 +303,62 @@ def test_no_private_name_crosses_the_boundary(source):
     else:
         bad = _crossing(source, "unimem.backends")
     assert not bad, f"{source.rel} reaches private names across the boundary: " + "; ".join(bad)
+
+
+# What the adapters sit below: the public face and the front's feature folders. The types an adapter
+# returns or subclasses live in root modules (live_memory, loss_scaling, trees, workload_specs), so a
+# change in a feature reaches no adapter, and a feature hands an adapter what it needs.
+FEATURES = (
+    "unimem.api",
+    "unimem.cli",
+    "unimem.compare",
+    "unimem.diagnose",
+    "unimem.integrations",
+    "unimem.observe",
+    "unimem.search",
+    "unimem.training",
+)
+
+
+def _feature_imports(source: Source) -> list[str]:
+    """Imports of ``FEATURES`` in ``source``: module level, in functions and in TYPE_CHECKING blocks."""
+    bad = []
+    for node, module, imported in _imports(source, typing_too=True):
+        for target in [module, *(f"{module}.{name}" for name in imported)]:
+            if any(target == feature or target.startswith(f"{feature}.") for feature in FEATURES):
+                bad.append((node.lineno, f"line {node.lineno}: imports {target}"))
+                break
+    return [text for _, text in sorted(bad)]
+
+
+@pytest.mark.parametrize("source", BACKEND_SOURCES, ids=lambda s: s.rel)
+def test_adapters_import_no_feature_of_the_front(source):
+    bad = _feature_imports(source)
+    assert not bad, f"{source.rel} reaches above the adapters: " + "; ".join(bad)
+
+
+def test_the_feature_rule_catches_an_adapter_reaching_up():
+    code = (
+        "from typing import TYPE_CHECKING\n"
+        "from unimem import errors\n"
+        "from unimem.live_memory import LiveObject\n"
+        "from unimem.backends.base import Backend\n"
+        "from unimem.diagnose.live_objects import scan\n"
+        "if TYPE_CHECKING:\n"
+        "    from unimem.training.loss_scaling import LossScaler\n"
+        "def f():\n"
+        "    import unimem.compare.workloads\n"
+        "    from unimem import api, sizes\n"
+        "    from unimem.observe import track\n"
+    )
+    source = Source(BACKENDS / "torch" / "made_up.py", "unimem.backends.torch.made_up", ast.parse(code))
+    assert _feature_imports(source) == [
+        "line 5: imports unimem.diagnose.live_objects",
+        "line 7: imports unimem.training.loss_scaling",
+        "line 9: imports unimem.compare.workloads",
+        "line 10: imports unimem.api",
+        "line 11: imports unimem.observe",
+    ]
 
 
 FRONT_MODULES = {s.module for s in ALL if s.path.is_relative_to(FRONT)}
