@@ -137,6 +137,14 @@ def test_wheel_installs_into_a_fresh_venv(source, tmp_path):
     tops = {name.split("/")[0] for name in names}
     assert tops <= {"unimem", next(t for t in tops if t.endswith(".dist-info"))}, f"unexpected top level: {tops}"
     assert "unimem/py.typed" in names
+    assert "unimem/__init__.pyi" in names, "type checkers read the stub in place of the lazy __init__.py"
+    # Every module of the source tree, a moved or new one too (a folder left off pyproject's packages list).
+    shipped = {f"unimem/{p.relative_to(source / 'unimem').as_posix()}" for p in (source / "unimem").rglob("*.py")}
+    shipped |= {
+        f"unimem/backends/{p.relative_to(source / 'backends').as_posix()}" for p in (source / "backends").rglob("*.py")
+    }
+    missing = sorted(shipped - set(names))
+    assert not missing, f"modules of the source tree missing from the wheel: {missing}"
     for name in registry.BACKENDS:  # every backend folder is in the wheel
         assert f"unimem/backends/{name}/__init__.py" in names, f"the wheel lacks unimem/backends/{name}/"
     assert not any(name.startswith(("backends/", "tests/")) for name in names)

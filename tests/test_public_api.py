@@ -1,5 +1,7 @@
-"""The public face is written once: the lazy table, the type checkers' import block and
-``__all__`` in ``unimem/__init__.py`` name the same things, and every name resolves."""
+"""The public face is written once: the lazy table in ``unimem/__init__.py`` names each public
+name and its module. ``__all__`` is made from it, and so is ``unimem/__init__.pyi``, which type
+checkers read in place of ``__init__.py`` (``python tests/test_public_api.py`` writes it again
+after the table changes). Every name resolves."""
 
 from __future__ import annotations
 
@@ -12,19 +14,38 @@ from conftest import REPO
 
 import unimem
 
-INIT = REPO / "unimem" / "__init__.py"
+STUB = REPO / "unimem" / "__init__.pyi"
+STUB_HEAD = """\
+# Written from the lazy table in __init__.py by `python tests/test_public_api.py`; do not edit.
+# Type checkers read this file in place of __init__.py: each public name keeps its type, while
+# `import unimem` loads none of them.
+"""
 
 
-def _typing_block() -> dict[str, str]:
-    """``{name: module}`` of the imports under ``if TYPE_CHECKING:`` (``typing`` itself left out)."""
+def _member_order(name: str) -> tuple[int, str]:
+    """The order the import sorter gives the names of one module: constants, classes, the rest."""
+    return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
+
+
+def render_stub(table: dict[str, str]) -> str:
+    """``unimem/__init__.pyi`` for the lazy table ``table``: each name imported from its module
+    under its own name (an explicit re-export, which strict type checkers require)."""
+    lines = [STUB_HEAD, "from typing import Any", ""]
+    for module in sorted(set(table.values())):
+        names = sorted((name for name, home in table.items() if home == module), key=_member_order)
+        lines += [f"from unimem.{module} import {name} as {name}" for name in names]
+    lines += ["", "__version__: str", "", "def __getattr__(name: str) -> Any: ...", ""]
+    return "\n".join(lines)
+
+
+def _stub_imports() -> dict[str, str]:
+    """``{name: module}`` of the stub's re-exports (``typing`` itself left out)."""
     names: dict[str, str] = {}
-    for node in ast.parse(INIT.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            for stmt in node.body:
-                if isinstance(stmt, ast.ImportFrom) and stmt.module != "typing":
-                    module = stmt.module or ""
-                    for alias in stmt.names:
-                        names[alias.asname or alias.name] = module.removeprefix("unimem.")
+    for node in ast.parse(STUB.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom) and node.module != "typing":
+            for alias in node.names:
+                assert alias.asname == alias.name, f"{alias.name} is not re-exported under its own name"
+                names[alias.name] = (node.module or "").removeprefix("unimem.")
     return names
 
 
@@ -33,8 +54,22 @@ def test_all_names_the_lazy_table_exactly():
     assert len(set(unimem.__all__)) == len(unimem.__all__), "__all__ names a name twice"
 
 
-def test_the_typing_block_imports_each_name_from_its_lazy_module():
-    assert _typing_block() == unimem._LAZY, "the TYPE_CHECKING imports and the lazy table disagree"
+def test_the_type_checkers_stub_imports_each_name_from_its_lazy_module():
+    assert _stub_imports() == unimem._LAZY, "the stub and the lazy table disagree"
+    assert STUB.read_text(encoding="utf-8") == render_stub(unimem._LAZY), (
+        "unimem/__init__.pyi is stale: run python tests/test_public_api.py"
+    )
+
+
+def test_the_stub_is_written_from_the_table():
+    text = render_stub({"stats": "api", "Phase": "support", "FEATURES": "support", "parse_size": "sizes"})
+    assert text.startswith(STUB_HEAD)
+    assert [line for line in text.splitlines() if line.startswith("from unimem.")] == [
+        "from unimem.api import stats as stats",
+        "from unimem.sizes import parse_size as parse_size",
+        "from unimem.support import FEATURES as FEATURES",
+        "from unimem.support import Phase as Phase",
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(unimem._LAZY))
@@ -65,3 +100,8 @@ def test_a_path_the_api_reference_named_before_a_move_still_imports():
     assert older.LossScaler is unimem.LossScaler is loss_scaling.LossScaler
     assert older.__all__ == loss_scaling.__all__
     assert all(getattr(older, name) is getattr(loss_scaling, name) for name in older.__all__)
+
+
+if __name__ == "__main__":
+    STUB.write_text(render_stub(unimem._LAZY), encoding="utf-8")
+    print(f"wrote {STUB.relative_to(REPO)}")
