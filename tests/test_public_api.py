@@ -1,13 +1,14 @@
 """The public face is written once: the lazy table in ``unimem/__init__.py`` names each public
 name and its module. ``__all__`` is made from it, and so is ``unimem/__init__.pyi``, which type
 checkers read in place of ``__init__.py`` (``python tests/test_public_api.py`` writes it again
-after the table changes). Every name resolves."""
+after the table changes). Every name resolves, and every name is in the API reference."""
 
 from __future__ import annotations
 
 import ast
 import importlib
 import importlib.util
+import re
 
 import pytest
 from conftest import REPO
@@ -100,6 +101,35 @@ def test_a_path_the_api_reference_named_before_a_move_still_imports():
     assert older.LossScaler is unimem.LossScaler is loss_scaling.LossScaler
     assert older.__all__ == loss_scaling.__all__
     assert all(getattr(older, name) is getattr(loss_scaling, name) for name in older.__all__)
+
+
+API_REFERENCE = REPO / "docs" / "api"
+# A mkdocstrings entry of the API reference: a line ``::: unimem.module.name``.
+ENTRY = re.compile(r"^:::[ \t]*(unimem(?:\.\w+)+)[ \t]*$", re.MULTILINE)
+
+
+def _undocumented(public: dict[str, object], entries: list[str]) -> list[str]:
+    """The names of ``public`` no entry documents: one whose path ends in the name and leads to
+    the public object itself (an entry may name the module that defines it or one that re-exports it)."""
+    found = set()
+    for path in entries:
+        module, _, name = path.rpartition(".")
+        if name in public and getattr(importlib.import_module(module), name, None) is public[name]:
+            found.add(name)
+    return sorted(set(public) - found)
+
+
+def test_every_public_name_is_in_the_api_reference():
+    entries = [e for page in sorted(API_REFERENCE.glob("*.md")) for e in ENTRY.findall(page.read_text("utf-8"))]
+    missing = _undocumented({name: getattr(unimem, name) for name in unimem.__all__}, entries)
+    assert not missing, f"public names with no ``::: unimem.<module>.<name>`` entry in docs/api/: {missing}"
+
+
+def test_the_api_reference_check_catches_a_missing_or_wrong_entry():
+    public = {"stats": unimem.stats, "configure": unimem.configure, "Phase": unimem.Phase}
+    text = "# Stats\n\n::: unimem.api.stats\n\n::: unimem.api.configure_from_env\n::: unimem.sizes.stats\n"
+    assert _undocumented(public, ENTRY.findall(text)) == ["Phase", "configure"]
+    assert _undocumented(public, ["unimem.api.stats", "unimem.api.configure", "unimem.support.Phase"]) == []
 
 
 if __name__ == "__main__":
