@@ -44,7 +44,7 @@ from unimem.observe.files import (
 )
 from unimem.observe.samples import (
     CSV_HEADER,
-    CSV_META_PREFIX,
+    CSV_META_PREFIXES,
     DEFAULT_MAX_SAMPLES,
     FORMAT,
     INT_FIELDS,
@@ -394,8 +394,9 @@ def _csv_header(first: str, source: Path) -> tuple[int | None, dict[str, Any]] |
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
             raise ConfigError("path", f"{where}: the row count is {shown(rows)}, expected a whole number")
         return rows, dict(check_meta(header.get("meta", {}), where))
-    if first.startswith(CSV_META_PREFIX):  # written before CSVs counted their rows
-        return None, dict(check_meta(parse_json(first[len(CSV_META_PREFIX) :], where), where))
+    for prefix in CSV_META_PREFIXES:  # written before CSVs counted their rows
+        if first.startswith(prefix):
+            return None, dict(check_meta(parse_json(first[len(prefix) :], where), where))
     return None
 
 

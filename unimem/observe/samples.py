@@ -18,7 +18,7 @@ from unimem.errors import ConfigError
 __all__ = [
     "BLOCK_ROWS",
     "CSV_HEADER",
-    "CSV_META_PREFIX",
+    "CSV_META_PREFIXES",
     "DEFAULT_MAX_SAMPLES",
     "FORMAT",
     "INT_FIELDS",
@@ -48,7 +48,9 @@ BLOCK_ROWS = 1000
 SOURCE_FRAMEWORK = "framework"  # the framework's allocator counters, read in this process
 SOURCE_DEVICE = "device"  # NVML (device and this process) and host RSS, read by the sampler process
 SOURCE_STEP = "step"  # a training step boundary (MemoryHook, Keras callback)
-CSV_META_PREFIX = "# unimem.observe.recording "  # an older CSV's first line: the recording's metadata as JSON
+# The first line of a CSV written before CSVs counted their rows: the recording's metadata as JSON,
+# after the name of the module that wrote it (it moved once). The earliest CSVs have no such line.
+CSV_META_PREFIXES = ("# unimem.observe.recording ", "# unimem.recording ")
 CSV_HEADER = "# unimem.recording/2 "  # a CSV's first line: {"rows": n, "meta": {...}} as JSON
 DEFAULT_MAX_SAMPLES = 20_000
 
