@@ -377,3 +377,21 @@ def test_loading_leaves_the_garbage_collector_as_it_found_it(tmp_path: Path) -> 
         """
     )
     assert seen == [True, False]
+
+
+def test_a_link_that_loops_is_named_as_one_by_the_loader_and_the_commands(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from unimem.cli.main import main as cli_main
+
+    loop = tmp_path / "memory.json"
+    loop.symlink_to(tmp_path / "other.json")
+    (tmp_path / "other.json").symlink_to(loop)
+    with pytest.raises(unimem.ConfigError, match="is a symbolic link that loops") as info:
+        load_recording(loop)
+    assert info.value.parameter == "path" and str(loop) in str(info.value)
+    for command in ("plot", "view"):
+        result = CliRunner().invoke(cli_main, [command, str(loop)])
+        assert result.exit_code != 0
+        assert "symbolic link that loops" in result.output and "does not exist" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.json", "other.json"]  # nothing written

@@ -9,6 +9,7 @@ import errno
 import glob
 import json
 import math
+import os
 import re
 import signal
 import threading
@@ -28,10 +29,12 @@ from unimem.observe.plotting import RANK_FIGURES
 from unimem.sizes import format_bytes
 
 __all__ = [
+    "MAX_BYTES_HELP",
     "UNSEEN_ABOVE",
     "collect_watch",
     "default_output",
     "host_figures",
+    "max_bytes_option",
     "output_console",
     "plot",
     "recording_files",
@@ -450,6 +453,22 @@ def _chosen_devices(options: tuple[str, ...]) -> list[int] | None:
     return chosen
 
 
+MAX_BYTES_HELP = (
+    "Read files up to this size (bytes, or e.g. 2GiB) whatever the memory available; by default a JSON or "
+    "CSV file that would not fit in the memory available is refused."
+)
+
+
+def max_bytes_option(value: str | None) -> int | None:
+    """``--max-bytes`` as bytes (None when not given), or click's error naming the option."""
+    from unimem.observe.files import check_max_bytes
+
+    try:
+        return check_max_bytes(value)
+    except ConfigError as exc:
+        raise option_error(exc, "'--max-bytes'") from None
+
+
 @click.command("plot")
 @click.argument("recordings", nargs=-1, required=True)
 @click.option(
@@ -468,6 +487,7 @@ def _chosen_devices(options: tuple[str, ...]) -> list[int] | None:
 )
 @click.option("--width", default=1000, show_default=True, type=int, help="Width in pixels.")
 @click.option("--height", default=500, show_default=True, type=int, help="Height in pixels.")
+@click.option("--max-bytes", "max_bytes", default=None, help=MAX_BYTES_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as one JSON line.")
 def plot(
     recordings: tuple[str, ...],
@@ -476,6 +496,7 @@ def plot(
     figure: str | None,
     width: int,
     height: int,
+    max_bytes: str | None,
     as_json: bool,
 ) -> None:
     """Turn saved monitor recordings (JSON or CSV) into a PNG timeline.
@@ -488,16 +509,18 @@ def plot(
 
     if width < 100 or height < 100:
         raise click.BadParameter("width and height must be at least 100 pixels")
+    cap = max_bytes_option(max_bytes)
     files = recording_files(recordings)
     target = output or default_output(files)
     _check_output(target)
     require_matplotlib("plot")
     if len(files) == 1 and figure is None:
-        _plot_one(files[0], target, title, (width / 100, height / 100), as_json)
+        _plot_one(files[0], target, title, (width / 100, height / 100), as_json, cap)
         return
     from unimem.observe.recording import plot_recordings
 
-    done = plot_recordings(files, target, figure=figure, title=title, figsize=(width / 100, height / 100))
+    size = (width / 100, height / 100)
+    done = plot_recordings(files, target, figure=figure, title=title, figsize=size, max_bytes=cap)
     lines = [
         {"label": line.label, "rank": line.rank, "file": line.file, "samples": line.samples} for line in done.lines
     ]
@@ -512,10 +535,12 @@ def plot(
         click.echo(f"note: {note}")
 
 
-def _plot_one(recording: Path, target: Path, title: str | None, figsize: tuple[float, float], as_json: bool) -> None:
+def _plot_one(
+    recording: Path, target: Path, title: str | None, figsize: tuple[float, float], as_json: bool, cap: int | None
+) -> None:
     from unimem.observe.recording import load_recording
 
-    data = load_recording(recording)
+    data = load_recording(recording, max_bytes=cap)
     if title is None and not data.meta:
         # A recording without metadata (a CSV keeps none) names no framework or device:
         # the file's name titles the plot rather than a made-up "no framework, device 0".
@@ -542,8 +567,9 @@ def recording_files(arguments: tuple[str, ...]) -> list[Path]:
                 f"{argument} is a folder; pass the recordings in it, e.g. '{path / 'memory.rank*.json'}'",
                 param_hint="'RECORDINGS'",
             )
-        # Anything else that exists (a FIFO, a link to a device) is the loader's to refuse, by what it is.
-        if path.exists():
+        # Anything else that exists (a FIFO, a link to a device, one that loops) is the loader's to
+        # refuse, by what it is.
+        if os.path.lexists(path):
             files.append(path)
             continue
         if glob.has_magic(argument):

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from unimem.cli.exits import fail, option_error
-from unimem.cli.observe import default_output, recording_files
+from unimem.cli.observe import MAX_BYTES_HELP, default_output, max_bytes_option, recording_files
 from unimem.errors import ConfigError, UnimemError
 from unimem.sizes import format_bytes
 
@@ -30,8 +30,16 @@ __all__ = ["view"]
 )
 @click.option("--title", default=None, help="Title of the page.")
 @click.option("--open", "open_page", is_flag=True, help="Open the page in the default web browser.")
+@click.option("--max-bytes", "max_bytes", default=None, help=MAX_BYTES_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as one JSON line.")
-def view(recordings: tuple[str, ...], output: Path | None, title: str | None, open_page: bool, as_json: bool) -> None:
+def view(
+    recordings: tuple[str, ...],
+    output: Path | None,
+    title: str | None,
+    open_page: bool,
+    max_bytes: str | None,
+    as_json: bool,
+) -> None:
     """Memory over time as one HTML page that opens without a network: zoom, pan, hover.
 
     Every figure of each recording (JSON, CSV or a streamed .jsonl) on one timeline; several
@@ -45,13 +53,14 @@ def view(recordings: tuple[str, ...], output: Path | None, title: str | None, op
     from unimem.observe.files import check_target
     from unimem.observe.view import write_view
 
+    cap = max_bytes_option(max_bytes)
     files = recording_files(recordings)
     target = output or default_output(files, ".html")
     try:
         check_target(target, ".html")
     except ConfigError as exc:
         raise option_error(exc, "'--output'") from None
-    page = write_view(files, target, title=title)
+    page = write_view(files, target, title=title, max_bytes=cap)
     lanes = [
         {"label": lane.label, "rank": lane.rank, "file": lane.file, "samples": lane.samples} for lane in page.lanes
     ]

@@ -1,18 +1,23 @@
 """A recording's files, read and written safely: whatever is at a path, the answer is a file or a ``ConfigError``.
 
 Reading: a path is opened without blocking (``O_NONBLOCK``: a FIFO cannot stall the reader), and
-must be a regular file, not empty, under a size limit (``MAX_SAVED_BYTES`` for JSON and CSV, read
-whole; ``MAX_STREAM_BYTES`` for a JSON Lines stream, read line by line). JSON is parsed with
-``NaN``/``Infinity`` refused and every parser failure (nesting too deep, a 5,000-digit number)
-turned into a ``ConfigError`` naming the file.
+must be a regular file, not empty. A file read whole (JSON, CSV) must fit in memory: one that
+would take more than the host has available is refused, saying so, unless ``max_bytes`` (the
+caller's own cap) is given; a JSON Lines stream is read line by line into bounded series and
+has no size limit but the caller's. JSON is parsed with ``NaN``/``Infinity`` refused and every
+parser failure (nesting too deep, a 5,000-digit number) turned into a ``ConfigError`` naming
+the file.
 
 Writing: ``write_atomically`` writes a temporary file in the target's folder and renames it
-over the target, so a process killed while saving leaves the previous file whole.
+over the target, so a process killed while saving leaves the previous file whole; the
+temporary files such kills leave are removed at the next save of that target.
+``keep_aside`` moves an earlier file out of a new run's way instead of replacing it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import json.scanner
 import math
@@ -24,13 +29,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
+from unimem import host_memory
 from unimem.errors import ConfigError
-from unimem.sizes import format_bytes
+from unimem.sizes import format_bytes, parse_size
 
 __all__ = [
     "MAX_LINE_BYTES",
-    "MAX_SAVED_BYTES",
-    "MAX_STREAM_BYTES",
+    "check_max_bytes",
     "check_meta",
     "check_target",
     "create_atomically",
@@ -51,8 +56,6 @@ __all__ = [
     "write_atomically",
 ]
 
-MAX_SAVED_BYTES = 256 << 20  # JSON and CSV are parsed whole; a saved monitor holds a few MB by default
-MAX_STREAM_BYTES = 16 << 30  # a stream is read a line at a time into bounded series
 MAX_LINE_BYTES = 1 << 20  # one line of a stream: a sample is under 100 bytes, a mark its label more
 
 _KINDS = (
@@ -82,8 +85,58 @@ def check_target(path: object, suffix: str) -> Path:
 # --- reading -------------------------------------------------------------------------------------
 
 
-def open_recording(path: object, limit: int) -> tuple[BinaryIO, Path]:
-    """``path`` opened for reading: a regular, non-empty file of at most ``limit`` bytes; else a ``ConfigError``.
+def check_max_bytes(value: object) -> int | None:
+    """A caller's cap on the size of a file to read: None (no cap of the caller's), or bytes as an int
+    or a size such as ``"2GiB"``; else a ``ConfigError`` naming ``max_bytes``."""
+    return None if value is None else parse_size(value, "max_bytes")
+
+
+def _check_size(source: Path, size: int, max_bytes: int | None, factor: int | None) -> None:
+    """Refuse a file over the caller's cap, or, without one, a file read whole (``factor``: the bytes of
+    memory each byte of it takes once read) that would take more memory than the host has available."""
+    if max_bytes is not None:
+        if size > max_bytes:
+            raise ConfigError(
+                "path",
+                f"{source} is {format_bytes(size)} ({size} bytes), over max_bytes={max_bytes}; "
+                "pass a larger max_bytes (or None) to read it",
+            )
+        return
+    room = host_memory.available() if factor is not None else None
+    if room is not None and factor is not None and size * factor > room:
+        raise ConfigError(
+            "path",
+            f"{source} is {format_bytes(size)}; read whole, a recording takes up to {factor} times its size in "
+            f"memory ({format_bytes(size * factor)}), more than the {format_bytes(room)} this machine has "
+            f"available now. Free memory and load it again, or pass max_bytes={size} to load_recording "
+            f"(--max-bytes {size} to unimem plot or unimem view) to read it regardless",
+        )
+
+
+def _unopened(source: Path, exc: OSError) -> ConfigError:
+    """Why ``source`` could not be opened, and what to do."""
+    if isinstance(exc, FileNotFoundError):
+        gone = " (a link to nothing)" if source.is_symlink() else ""
+        return ConfigError("path", f"{source} does not exist{gone}; check the path")
+    if isinstance(exc, PermissionError):
+        return ConfigError("path", f"{source} cannot be read (permission denied); check its permissions")
+    if exc.errno == errno.ELOOP:
+        return ConfigError(
+            "path", f"{source} is a symbolic link that loops (it leads back to itself); point it at a recording file"
+        )
+    return ConfigError("path", f"{source} cannot be opened ({exc.strerror or exc}); check the path")
+
+
+def open_recording(path: object, max_bytes: int | None, factor: int | None) -> tuple[BinaryIO, Path, int]:
+    """``path`` opened for reading, and its size: a regular, non-empty file within the size rule; else a
+    ``ConfigError``.
+
+    Args:
+        path: The file.
+        max_bytes: The caller's cap (checked by ``check_max_bytes``); None: the rule below alone.
+        factor: For a file read whole, the bytes of memory each of its bytes takes once read: without
+            ``max_bytes``, a file that would take more than the host has available is refused.
+            None: a file read in bounded memory (no limit but ``max_bytes``).
 
     Opened with ``O_NONBLOCK``, so a FIFO or a device answers at once instead of stalling the reader.
     """
@@ -93,13 +146,8 @@ def open_recording(path: object, limit: int) -> tuple[BinaryIO, Path]:
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(source, flags)
-    except FileNotFoundError:
-        gone = " (a link to nothing)" if source.is_symlink() else ""
-        raise ConfigError("path", f"{source} does not exist{gone}; check the path") from None
-    except PermissionError:
-        raise ConfigError("path", f"{source} cannot be read (permission denied); check its permissions") from None
     except OSError as exc:
-        raise ConfigError("path", f"{source} cannot be opened ({exc.strerror or exc}); check the path") from None
+        raise _unopened(source, exc) from None
     try:
         info = os.fstat(fd)
         kind = next((name for test, name in _KINDS if test(info.st_mode)), None)
@@ -107,28 +155,23 @@ def open_recording(path: object, limit: int) -> tuple[BinaryIO, Path]:
             raise ConfigError("path", f"{source} is {kind or 'not a regular file'}, not a recording file")
         if info.st_size == 0:
             raise ConfigError("path", f"{source} is empty; it holds no recording")
-        if info.st_size > limit:
-            raise ConfigError(
-                "path",
-                f"{source} is {info.st_size} bytes, over the {format_bytes(limit)} a recording of its format "
-                "may be; it is not a file unimem wrote",
-            )
-        return os.fdopen(fd, "rb"), source
+        _check_size(source, info.st_size, max_bytes, factor)
+        return os.fdopen(fd, "rb"), source, info.st_size
     except BaseException:
         os.close(fd)
         raise
 
 
-def read_recording(path: object, limit: int) -> tuple[str, Path]:
+def read_recording(path: object, max_bytes: int | None, factor: int) -> tuple[str, Path]:
     """The whole text of a recording file (checked as ``open_recording``), decoded as UTF-8."""
-    handle, source = open_recording(path, limit)
+    handle, source, size = open_recording(path, max_bytes, factor)
     with handle:
         try:
-            data = handle.read(limit + 1)
+            data = handle.read(size + 1)  # no more: a read of a larger count reserves that much memory first
         except OSError as exc:
             raise ConfigError("path", f"{source} cannot be read ({exc.strerror or exc})") from None
-    if len(data) > limit:  # it grew after it was opened
-        raise ConfigError("path", f"{source} is over the {format_bytes(limit)} a recording of its format may be")
+    if len(data) != size:
+        raise ConfigError("path", f"{source} changed while it was read; load it again once its writer is done")
     try:
         return data.decode("utf-8"), source
     except UnicodeDecodeError as exc:

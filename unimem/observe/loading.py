@@ -16,6 +16,7 @@ import gc
 import io
 import os
 import re
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -26,8 +27,7 @@ from typing import Any, TypeVar
 
 from unimem.errors import ConfigError
 from unimem.observe.files import (
-    MAX_SAVED_BYTES,
-    MAX_STREAM_BYTES,
+    check_max_bytes,
     check_meta,
     figure,
     figures_ok,
@@ -63,7 +63,13 @@ from unimem.observe.samples import (
 from unimem.observe.stream import DEVICE, FRAMEWORK, MARK, StreamReader
 from unimem.sizes import counted
 
-__all__ = ["Loaded", "load_file"]
+__all__ = ["JSON_MEMORY", "Loaded", "load_file"]
+
+# Bytes of memory a file read whole takes per byte of it, at most, while it loads and once it is
+# samples: a short sample's Python objects outweigh its text by an order of magnitude, and a CSV's
+# cells are strings before they are numbers (docs/measurements.md, "Recordings of any size").
+JSON_MEMORY = 12
+_CSV_MEMORY = 20
 
 
 @dataclass(frozen=True)
@@ -83,17 +89,23 @@ class Loaded:
     cut: str | None = None
 
 
-def load_file(path: object) -> Loaded:
+def load_file(path: object, max_bytes: object = None) -> Loaded:
     """The recording in ``path``, by suffix: ``.jsonl`` a monitor's stream, ``.csv`` CSV, anything else JSON.
 
+    ``max_bytes``: the caller's cap on the file's size (bytes, or a size such as ``"2GiB"``); None:
+    a JSON or CSV file, read whole, must fit in the memory the host has available, and a stream,
+    read into bounded series, may be any size.
+
     Raises:
-        ConfigError: ``path`` is not a readable regular file within its format's size limit, or is
-            not a whole or cut unimem recording; the message names the file and the problem.
+        ConfigError: ``max_bytes`` is not a size, or ``path`` is not a readable regular file within
+            the size rule, or is not a whole or cut unimem recording; the message names the file
+            and the problem.
     """
+    cap = check_max_bytes(max_bytes)
     suffix = Path(path).suffix.lower() if isinstance(path, (str, os.PathLike)) and os.fspath(path) else ""
     loader = {".jsonl": _load_stream, ".csv": _load_csv}.get(suffix, _load_json)
     with _collector_paused():
-        return loader(path)
+        return loader(path, cap)
 
 
 _DEVICE_FIELDS = ("time", "device_total", "device_used", "process_used", "host_rss", "error")  # a stream's "d" record
@@ -330,8 +342,8 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _load_json(path: object) -> Loaded:
-    content, source = read_recording(path, MAX_SAVED_BYTES)
+def _load_json(path: object, max_bytes: int | None) -> Loaded:
+    content, source = read_recording(path, max_bytes, JSON_MEMORY)
     data, cut = parse_document(content, str(source), _ARRAYS)
     if not isinstance(data, dict) or data.get("format") not in (FORMAT, ROWS_FORMAT):
         raise ConfigError(
@@ -398,6 +410,25 @@ def _csv_header(first: str, source: Path) -> tuple[int | None, dict[str, Any]] |
         if first.startswith(prefix):
             return None, dict(check_meta(parse_json(first[len(prefix) :], where), where))
     return None
+
+
+_FIELD_LIMIT = threading.Lock()
+
+
+@contextlib.contextmanager
+def _fields_up_to(size: int) -> Iterator[None]:
+    """The CSV reader's limit on one cell raised to ``size`` for the block, back as it was after.
+
+    A mark's label may be megabytes long, and the reader's default refuses a cell over 128 KiB: a
+    file unimem wrote must load. The limit is the ``csv`` module's own, so loads take turns here.
+    """
+    with _FIELD_LIMIT:
+        was = csv.field_size_limit()
+        csv.field_size_limit(max(was, size))
+        try:
+            yield
+        finally:
+            csv.field_size_limit(was)
 
 
 def _csv_rows(body: str, source: Path, offset: int) -> Iterable[tuple[str, dict[str, str]]]:
@@ -499,8 +530,8 @@ def _csv_columns(body: str) -> tuple[list[Sample], list[Mark]] | None:
     return _from_columns(Sample, columns, map(not_, is_mark)), _from_columns(Mark, marks)
 
 
-def _load_csv(path: object) -> Loaded:
-    content, source = read_recording(path, MAX_SAVED_BYTES)
+def _load_csv(path: object, max_bytes: int | None) -> Loaded:
+    content, source = read_recording(path, max_bytes, _CSV_MEMORY)
     first, _, rest = content.partition("\n")
     header = _csv_header(first, source)
     expected, meta = header if header is not None else (None, {})
@@ -511,16 +542,18 @@ def _load_csv(path: object) -> Loaded:
     samples: list[Sample] = []
     marks: list[Mark] = []
     written = bool(body) and not body.isspace()  # not body.strip(): no copy of a file's text
-    whole = _csv_columns(body) if written else None
-    if whole is not None:
-        samples, marks = whole
-    elif written or expected is None:
-        for where, row in _csv_rows(body, source, offset):
-            if row["source"] == "mark":
-                cells = {name: _csv_cell(name, row.get(name, ""), where) for name in MARK_FIELDS if name != "label"}
-                marks.append(_mark_from({**cells, "label": row.get("label", "")}, where))
-            else:
-                samples.append(_sample_from({n: _csv_cell(n, row.get(n, ""), where) for n in SAMPLE_FIELDS}, where))
+    with _fields_up_to(len(body)):
+        whole = _csv_columns(body) if written else None
+        if whole is not None:
+            samples, marks = whole
+        elif written or expected is None:
+            for where, row in _csv_rows(body, source, offset):
+                if row["source"] == "mark":
+                    cells = {n: _csv_cell(n, row.get(n, ""), where) for n in MARK_FIELDS if n != "label"}
+                    marks.append(_mark_from({**cells, "label": row.get("label", "")}, where))
+                else:
+                    row_cells = {n: _csv_cell(n, row.get(n, ""), where) for n in SAMPLE_FIELDS}
+                    samples.append(_sample_from(row_cells, where))
     held = len(samples) + len(marks)
     if expected is not None and held > expected:
         raise ConfigError("path", f"{source} holds {held} rows but counts {expected}; the file was altered")
@@ -529,8 +562,8 @@ def _load_csv(path: object) -> Loaded:
     return Loaded(samples, marks, meta, None)
 
 
-def _load_stream(path: object) -> Loaded:
-    handle, source = open_recording(path, MAX_STREAM_BYTES)
+def _load_stream(path: object, max_bytes: int | None) -> Loaded:
+    handle, source, _ = open_recording(path, max_bytes, None)
     try:
         with handle:
             return _read_stream(StreamReader(handle, str(source)), source)

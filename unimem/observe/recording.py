@@ -364,26 +364,32 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def load_recording(path: str | os.PathLike[str]) -> Recording:
+def load_recording(path: str | os.PathLike[str], *, max_bytes: int | str | None = None) -> Recording:
     """Read a recording saved with ``to_json`` or ``to_csv``, or streamed by ``monitor(path=...)``.
 
     By suffix: ``.jsonl`` a monitor's stream, ``.csv`` CSV, anything else JSON. The file must be a
-    regular file (opened without blocking: a FIFO or a device is refused, never waited on) of at
-    most 256 MiB for JSON and CSV, 16 GiB for a stream, which is read a line at a time into the
-    bounded series a monitor keeps (``max_samples`` per source, peaks and gaps kept).
+    regular file (opened without blocking: a FIFO or a device is refused, never waited on). JSON
+    and CSV are read whole: without ``max_bytes``, a file that would take more memory than the
+    host has available (up to 20 times its size, once its samples are objects) is refused, and
+    the message says so. A stream is read a line at a time into the bounded series a monitor
+    keeps (``max_samples`` per source, peaks and gaps kept), so it may be any size. Every format
+    unimem has written loads.
 
     Args:
         path: The file ``to_json``, ``to_csv`` or a monitor's stream wrote.
+        max_bytes: A cap of your own on the file's size, in bytes or as a size such as ``"2GiB"``
+            (a file over it is refused, whatever the memory); None (default): the memory rule above.
 
     Returns:
         The recording, with unknown figures as None. A file cut short (no end record, fewer
         rows than it counts) gives what it holds, with a note in ``meta["notes"]``.
 
     Raises:
-        ConfigError: ``path`` does not exist, is not a regular file, is empty or over the size
-            limit, or is not a whole or cut unimem recording (malformed JSON or CSV, a figure
-            that is not a byte count, a time that is not finite, ...); the message names the
-            file and the problem.
+        ConfigError: ``path`` does not exist (or is a link that loops), is not a regular file, is
+            empty, over ``max_bytes`` or too large for the memory available, or is not a whole or cut
+            unimem recording (malformed JSON or CSV, a figure that is not a byte count, a time that
+            is not finite, ...); ``max_bytes`` is not a size. The message names the file and the
+            problem.
 
     Warns:
         UnimemWarning: The file was cut short; the message says what was recovered.
@@ -394,7 +400,7 @@ def load_recording(path: str | os.PathLike[str]) -> Recording:
         recording.plot("memory.png")
         ```
     """
-    loaded = load_file(path)
+    loaded = load_file(path, max_bytes)
     recording = Recording(loaded.samples, loaded.marks, loaded.meta)
     if loaded.cut is not None:
         recording.meta["notes"] = [*recording.meta.get("notes", []), loaded.cut]
@@ -402,7 +408,7 @@ def load_recording(path: str | os.PathLike[str]) -> Recording:
     return recording
 
 
-def _loaded(recordings: Sequence[Any]) -> list[tuple[Recording, str | None]]:
+def _loaded(recordings: Sequence[Any], max_bytes: int | str | None) -> list[tuple[Recording, str | None]]:
     """Each recording with the name of the file it was read from (None for one passed in)."""
     if isinstance(recordings, (str, os.PathLike, Recording)) or not recordings:
         raise ConfigError("recordings", "expected a list of recordings or their files, e.g. [r0, r1]")
@@ -411,7 +417,7 @@ def _loaded(recordings: Sequence[Any]) -> list[tuple[Recording, str | None]]:
         if isinstance(item, Recording):
             out.append((item, None))
         elif isinstance(item, (str, os.PathLike)):
-            out.append((load_recording(item), Path(item).name))
+            out.append((load_recording(item, max_bytes=max_bytes), Path(item).name))
         else:
             raise ConfigError("recordings", f"expected Recording objects or paths, got {type(item).__name__}")
     return out
@@ -425,6 +431,7 @@ def plot_recordings(
     title: str | None = None,
     figsize: tuple[float, float] = (10.0, 5.0),
     dpi: int = 100,
+    max_bytes: int | str | None = None,
 ) -> RanksPlot:
     """Several recordings (one per rank) as one PNG: one line per rank on one wall-clock axis.
 
@@ -443,6 +450,8 @@ def plot_recordings(
         title: The plot's title; None (default): how many recordings and the figure.
         figsize: Width and height in inches (default ``(10.0, 5.0)``).
         dpi: Pixels per inch (default 100).
+        max_bytes: A cap on the size of each file read (see ``load_recording``); None (default):
+            the memory rule ``load_recording`` keeps.
 
     Returns:
         The PNG's path, the figure drawn, each line's label, rank and file, and notes on what
@@ -460,7 +469,7 @@ def plot_recordings(
         ```
     """
     target = check_target(path, ".png")
-    loaded = _loaded(recordings)
+    loaded = _loaded(recordings, max_bytes)
     return plot_ranks(loaded, target, figure=figure, title=title, figsize=figsize, dpi=dpi)
 
 

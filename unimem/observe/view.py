@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from unimem.errors import ConfigError
 from unimem.observe.files import (
-    MAX_SAVED_BYTES,
+    check_max_bytes,
     check_target,
     figure,
     parse_json,
@@ -43,6 +43,7 @@ from unimem.observe.files import (
     shown,
     write_atomically,
 )
+from unimem.observe.loading import JSON_MEMORY
 from unimem.observe.plotting import FIGURE_LABELS, RankLine, Streams, rank_labels
 from unimem.observe.recording import Recording, load_recording
 
@@ -95,6 +96,7 @@ def write_view(
     path: str | os.PathLike[str],
     *,
     title: str | None = None,
+    max_bytes: int | str | None = None,
 ) -> ViewPage:
     """Write one self-contained HTML page of recordings and comparison results.
 
@@ -110,6 +112,8 @@ def write_view(
         path: The page to write (``.html``), in a folder that exists; written whole or not at all.
         title: The page's title; None (default): what the page shows (the backend and device of
             one recording, how many ranks, or the comparison's device).
+        max_bytes: A cap on the size of each file read (see ``unimem.load_recording``); None
+            (default): the memory rule ``load_recording`` keeps.
 
     Returns:
         The page's path, its lanes, the comparisons it shows, notes and its size in bytes.
@@ -125,18 +129,24 @@ def write_view(
         ```
     """
     target = check_target(path, ".html")
-    text, lanes, comparisons, notes = _render(inputs, title)
+    text, lanes, comparisons, notes = _render(inputs, title, max_bytes)
     data = text.encode("utf-8")
     write_atomically(target, data)
     return ViewPage(target, lanes, comparisons, notes, len(data))
 
 
-def view_html(inputs: Sequence[Recording | Comparison | str | os.PathLike[str]], *, title: str | None = None) -> str:
+def view_html(
+    inputs: Sequence[Recording | Comparison | str | os.PathLike[str]],
+    *,
+    title: str | None = None,
+    max_bytes: int | str | None = None,
+) -> str:
     """The page ``write_view`` writes, as text (to serve it, or to embed it elsewhere).
 
     Args:
         inputs: As ``write_view``'s.
         title: As ``write_view``'s.
+        max_bytes: As ``write_view``'s.
 
     Returns:
         The whole HTML document.
@@ -144,14 +154,14 @@ def view_html(inputs: Sequence[Recording | Comparison | str | os.PathLike[str]],
     Raises:
         ConfigError: As ``write_view``, for ``inputs``.
     """
-    return _render(inputs, title)[0]
+    return _render(inputs, title, max_bytes)[0]
 
 
 def _render(
-    inputs: Sequence[Recording | Comparison | str | os.PathLike[str]], title: str | None
+    inputs: Sequence[Recording | Comparison | str | os.PathLike[str]], title: str | None, max_bytes: object
 ) -> tuple[str, tuple[RankLine, ...], tuple[str | None, ...], tuple[str, ...]]:
     """The page's text, its lanes, the files of its comparisons and the notes."""
-    recordings, comparisons = _sorted(inputs)
+    recordings, comparisons = _sorted(inputs, check_max_bytes(max_bytes))
     if title is not None and not isinstance(title, str):
         raise ConfigError("title", f"expected text or None, got {type(title).__name__}")
     arrays = _Arrays()
@@ -187,7 +197,7 @@ def _single(recordings: list[tuple[Recording, str | None]]) -> list[tuple[str, i
 
 
 def _sorted(
-    inputs: Sequence[Recording | Comparison | str | os.PathLike[str]],
+    inputs: Sequence[Recording | Comparison | str | os.PathLike[str]], max_bytes: int | None
 ) -> tuple[list[tuple[Recording, str | None]], list[tuple[Comparison, str | None]]]:
     """The recordings and the comparisons among ``inputs``, each with its file's name (None for an object)."""
     from unimem.compare.harness import Comparison
@@ -206,7 +216,7 @@ def _sorted(
                 _check_run(run, f"comparison {len(comparisons) + 1}, result {index + 1}")
             comparisons.append((item, None))
         elif isinstance(item, (str, os.PathLike)) and os.fspath(item):
-            read = _read(item)
+            read = _read(item, max_bytes)
             if isinstance(read, Recording):
                 recordings.append((read, Path(item).name))
             else:
@@ -216,14 +226,14 @@ def _sorted(
     return recordings, comparisons
 
 
-def _read(path: str | os.PathLike[str]) -> Recording | Comparison:
+def _read(path: str | os.PathLike[str], max_bytes: int | None) -> Recording | Comparison:
     """The recording, or else the comparison, a file holds; a ``ConfigError`` when it is neither."""
     try:
-        return load_recording(path)
+        return load_recording(path, max_bytes=max_bytes)
     except ConfigError:
         if Path(path).suffix.lower() != ".json":
             raise
-        content, source = read_recording(path, MAX_SAVED_BYTES)
+        content, source = read_recording(path, max_bytes, JSON_MEMORY)
         data = parse_json(content, str(source))
         if not isinstance(data, dict) or "results" not in data or "format" in data:
             raise  # not a comparison either: the recording's error says what is wrong
