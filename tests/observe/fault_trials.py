@@ -54,6 +54,19 @@ with unimem.monitor(float(sys.argv[2]), path=sys.argv[1], framework_interval=0.0
         time.sleep(0.001)
 """
 
+# A training process streaming to a file: it marks, then dies at once (kill -9), as a crashed job does.
+CRASHER = """
+import os, signal, sys, time
+import unimem
+
+with unimem.monitor(0.01, path=sys.argv[1], framework_interval=None) as m:
+    for step in range(int(sys.argv[2])):
+        m.mark(f"step {step}")
+        time.sleep(0.002)
+    print("READY", m._link.proc.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
 # Saves one recording over and over to one file (JSON or CSV by its suffix).
 SAVER = """
 import sys
@@ -225,6 +238,31 @@ def kill_during_recording(
             result["staleness"] = None if last is None else killed - last
         path.unlink()
     return result
+
+
+def crash_after_marks(path: Path, marks: int, env: dict[str, str] | None = None) -> None:
+    """A process streaming to ``path`` marks ``marks`` times and is killed (kill -9); returns once its
+    sampler has written what it held and ended."""
+    proc, (sampler,) = _start(CRASHER, [str(path), str(marks)], env)
+    _reap(proc)
+    if _wait_ended(int(sampler), 10) is None:
+        raise RuntimeError(f"the sampler (pid {sampler}) outlived its killed process by 10 s")
+
+
+def saves_killed_mid_write(path: Path, count: int, env: dict[str, str] | None = None) -> None:
+    """``count`` processes each saving a recording to ``path`` over and over, each killed (kill -9)
+    while a save of its own writes its temporary file."""
+    folder = path.parent
+    for _ in range(count):
+        before = {p.name for p in folder.iterdir()}
+        proc, _ = _start(SAVER, [str(path)], env)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+            p.name.endswith(".tmp") and p.name not in before for p in os.scandir(folder)
+        ):
+            pass  # the kill follows the temporary file's creation by a few microseconds
+        proc.kill()
+        _reap(proc)
 
 
 def kill_during_save(

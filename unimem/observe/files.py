@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import hashlib
+import itertools
 import json
 import json.scanner
 import math
 import os
 import re
 import secrets
+import socket
 import stat
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -40,6 +45,7 @@ __all__ = [
     "check_target",
     "create_atomically",
     "figure",
+    "keep_aside",
     "moment",
     "figures_ok",
     "flags_ok",
@@ -393,10 +399,62 @@ def salvage_json(text: str, error: json.JSONDecodeError, arrays: frozenset[str])
 # --- writing ---------------------------------------------------------------------------------------
 
 
+# A temporary file is named ``.NAME.HOST-PID-XXXXXXXX.tmp``: the host (a hash of its name) and the
+# process that writes it, so that a later save can tell the ones a killed save left behind.
+_TEMPORARY = re.compile(r"([0-9a-f]{6})-([0-9]+)-[0-9a-f]{8}")
+_EARLIER_TEMPORARY = re.compile(r"[0-9a-f]{8}")  # the name before: no host, no process
+_STALE_AFTER = 3600.0  # seconds untouched: no save pauses this long, whoever writes it
+
+
+@functools.cache
+def _host() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (one of another user counts: it cannot be signalled)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _remove_stale_temporaries(target: Path) -> None:
+    """Remove the temporary files beside ``target`` that saves killed mid-way left: those whose writer,
+    of this host, no longer runs, and any untouched for ``_STALE_AFTER`` seconds (a writer of another
+    host, or one named before writers were). Nothing else is touched; a failure leaves the file."""
+    prefix, now = f".{target.name}.", time.time()
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        middle = name[len(prefix) : -len(".tmp")]
+        ours = _TEMPORARY.fullmatch(middle)
+        if ours is None and _EARLIER_TEMPORARY.fullmatch(middle) is None:
+            continue  # not a name a save gives
+        with contextlib.suppress(OSError):
+            info = entry.stat(follow_symlinks=False)
+            dead = ours is not None and ours[1] == _host() and not _alive(int(ours[2]))
+            if stat.S_ISREG(info.st_mode) and (dead or now - info.st_mtime > _STALE_AFTER):
+                os.unlink(entry.path)
+
+
 def _temporary(target: Path) -> tuple[int, Path]:
-    """A new file beside ``target`` (same folder, so a rename replaces it in one step)."""
+    """A new file beside ``target`` (same folder, so a rename replaces it in one step), named after
+    this host and process; the ones earlier saves of ``target`` left behind are removed first."""
+    _remove_stale_temporaries(target)
     while True:
-        temporary = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+        tag = f"{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+        temporary = target.with_name(f".{target.name}.{tag}.tmp")
         try:
             return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), temporary
         except FileExistsError:
@@ -417,8 +475,8 @@ def create_atomically(target: Path, data: bytes, *, keep_open: bool = False) -> 
 
     The data goes to a temporary file in the target's folder, is flushed to disk, then renamed over
     the target: a process killed at any moment leaves either the previous file or the new one
-    whole (and at worst a hidden ``.NAME.XXXX.tmp`` beside it). An existing target's permission
-    bits are kept.
+    whole (and at worst a hidden ``.NAME.HOST-PID-XXXX.tmp`` beside it, which the next save of
+    ``target`` removes). An existing target's permission bits are kept.
 
     Raises:
         ConfigError: The folder cannot be written to, or the disk refused the data.
@@ -458,3 +516,49 @@ def write_atomically(target: Path, data: bytes) -> Path:
     """Replace ``target`` with ``data`` in one step (see ``create_atomically``); returns ``target``."""
     create_atomically(target, data)
     return target
+
+
+_RANK_SUFFIX = re.compile(r"\.rank[0-9]+$")  # unimem.rank_path's: kept last, so a kept file still names its rank
+
+
+def keep_aside(target: Path) -> Path | None:
+    """Move a recording at ``target`` out of a new run's way; returns where it went (None: nothing to keep).
+
+    A non-empty regular file becomes the first free ``STEM.N.SUFFIX`` beside it (``memory.1.jsonl``;
+    ``memory.1.rank0.jsonl`` for ``memory.rank0.jsonl``), never over a file already there. An empty
+    file, a link or nothing at all is left to be replaced: no recording is lost with it.
+
+    Raises:
+        ConfigError: The file cannot be moved (permissions, a read-only folder); it is left as it was.
+    """
+    try:
+        info = os.lstat(target)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+        return None
+    stem = target.name[: len(target.name) - len(target.suffix)]
+    rank = _RANK_SUFFIX.search(stem)
+    head, tail = (stem[: rank.start()], rank.group()) if rank else (stem, "")
+    for number in itertools.count(1):
+        kept = target.with_name(f"{head}.{number}{tail}{target.suffix}")
+        if os.path.lexists(kept):
+            continue
+        try:
+            os.link(target, kept)  # fails rather than replace a file that appeared there meanwhile
+        except FileExistsError:
+            continue
+        except OSError:  # a filesystem without hard links
+            try:
+                os.rename(target, kept)
+            except OSError as exc:
+                raise ConfigError(
+                    "path",
+                    f"{target} holds an earlier recording that cannot be kept aside ({exc.strerror or exc}); "
+                    "move it, or pass another path",
+                ) from None
+            return kept
+        with contextlib.suppress(OSError):
+            os.unlink(target)
+        return kept
+    raise AssertionError("unreachable")  # itertools.count never ends

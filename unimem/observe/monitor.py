@@ -57,7 +57,7 @@ from unimem.api import read_snapshot
 from unimem.config import check_device
 from unimem.errors import BackendUnavailable, ConfigError, NoFigures, UnimemError, UnimemWarning
 from unimem.memory_stats import MemoryStats
-from unimem.observe.files import check_target
+from unimem.observe.files import check_target, keep_aside
 from unimem.observe.recording import Recorder, Recording
 from unimem.observe.sampler_link import SamplerLink
 from unimem.observe.samples import (
@@ -243,7 +243,12 @@ class Monitor(Recorder):
                 ``unimem.monitor()`` for another run), or the sampler process did not
                 start (the message quotes its error output).
             ConfigError: With ``backend=None``, two frameworks are candidates: pass
-                ``backend=``; or the ``path`` file cannot be created (nothing is left running).
+                ``backend=``; or the ``path`` file cannot be created, or a recording already there
+                cannot be kept aside (nothing is left running).
+
+        Warns:
+            UnimemWarning: ``path`` held a recording (an earlier run's): it was moved to
+                ``NAME.N.jsonl`` beside it (the first free ``N``), and the warning names it.
             BackendUnavailable: The named backend's framework (or, named explicitly,
                 NVML) is not available.
         """
@@ -276,6 +281,12 @@ class Monitor(Recorder):
         return self
 
     def _spawn(self) -> None:
+        if self.path is not None:
+            kept = keep_aside(self.path)  # an earlier run's file (a crashed job restarted) is never replaced
+            if kept is not None:
+                said = f"{self.path} held an earlier recording: it is kept as {kept}; this run streams to {self.path}"
+                self._notes.append(said)
+                warnings.warn(f"monitor: {said}", UnimemWarning, stacklevel=3)
         args = [
             "--interval",
             repr(self.interval),
@@ -601,7 +612,10 @@ def monitor(
             memory only, saved with ``to_json``/``to_csv``). The sampler process writes every
             sample and mark at least twice a second and an end record at the end, even when
             this process is killed first; a kill of both loses at most the last half second.
-            ``load_recording`` reads it. A file already there is replaced at ``start()``.
+            ``load_recording`` reads it. A recording already there (an earlier run's: a crashed
+            job restarted with the same path) is kept, never replaced: ``start()`` moves it to
+            ``NAME.N.jsonl`` beside it (``memory.1.jsonl``, the first free number; before a
+            ``.rankN``) and says where in a ``UnimemWarning`` and in the notes.
 
     Returns:
         The monitor, not yet started.
