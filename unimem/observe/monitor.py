@@ -117,6 +117,19 @@ def _after_fork_in_child() -> None:
         made._forked()
 
 
+def _sample_framework(monitor: weakref.ReferenceType[Monitor], stop: threading.Event, interval: float) -> None:
+    """The allocator thread: a sample every ``interval`` until ``stop`` is set or the monitor is gone.
+
+    It holds the monitor weakly, between samples: a monitor dropped without ``stop()`` is collected,
+    and its finalizer sets ``stop``, so nothing of it keeps running.
+    """
+    while not stop.wait(interval):
+        alive = monitor()
+        if alive is None or not alive._sample_framework_once():
+            return
+        del alive
+
+
 class Monitor(Recorder):
     """A background memory timeline. ``with unimem.monitor(0.01) as m: ...`` or ``m.start()`` / ``m.stop()``.
 
@@ -276,7 +289,13 @@ class Monitor(Recorder):
             raise
         self._started = time.time()  # the timeline starts when the sampler is ready, not at its launch
         if self._reader is not None and self.framework_interval is not None:
-            self._thread = threading.Thread(target=self._sample_framework, name="unimem-monitor", daemon=True)
+            self._thread = threading.Thread(
+                target=_sample_framework,
+                args=(weakref.ref(self), self._stop_event, self.framework_interval),
+                name="unimem-monitor",
+                daemon=True,
+            )
+            weakref.finalize(self, self._stop_event.set)  # dropped unstopped: the thread ends at its next wake
             self._thread.start()
         return self
 
@@ -399,25 +418,24 @@ class Monitor(Recorder):
         self.stop()
 
     # --- in-process sampling ---------------------------------------------------------
-    def _sample_framework(self) -> None:
+    def _sample_framework_once(self) -> bool:
+        """One allocator sample (a failed read is a gap); False once the reader says it never will have figures."""
         read = self._reader
-        interval = self.framework_interval
-        assert read is not None and interval is not None
-        wait, add, lock = self._stop_event.wait, self._framework.add, self._lock
-        while not wait(interval):
-            now = time.time()
-            try:
-                allocated, reserved = read()
-                sample = Sample(now, SOURCE_FRAMEWORK, allocated, reserved)
-            except NoFigures as exc:
-                self._notes.append(str(exc))
-                return
-            except Exception as exc:  # a failed read is a gap, not the end of the timeline
-                sample = Sample(now, SOURCE_FRAMEWORK, error=f"{type(exc).__name__}: {exc}")
-            with lock:
-                add(sample)
-            if self.path is not None:
-                self._link.send(encode([FRAMEWORK, now, sample.allocated, sample.reserved, sample.error]))
+        assert read is not None
+        now = time.time()
+        try:
+            allocated, reserved = read()
+            sample = Sample(now, SOURCE_FRAMEWORK, allocated, reserved)
+        except NoFigures as exc:
+            self._notes.append(str(exc))
+            return False
+        except Exception as exc:  # a failed read is a gap, not the end of the timeline
+            sample = Sample(now, SOURCE_FRAMEWORK, error=f"{type(exc).__name__}: {exc}")
+        with self._lock:
+            self._framework.add(sample)
+        if self.path is not None:
+            self._link.send(encode([FRAMEWORK, now, sample.allocated, sample.reserved, sample.error]))
+        return True
 
     def mark(self, label: str) -> Mark:
         """Record an event (an epoch, a phase) with the allocator's figures now.
@@ -549,17 +567,19 @@ class Monitor(Recorder):
         from unimem.observe.prometheus import Gauge, serve
 
         labels = {"device": str(self.device), "backend": self.backend or "none"}
+        # What a scrape reads, not the monitor: the server's thread must not keep a dropped monitor alive.
+        reader, link = self._reader, self._link
 
         def collect() -> list[Gauge]:
             gauges: list[Gauge] = []
-            if self._reader is not None:
+            if reader is not None:
                 try:
-                    allocated, reserved = self._reader()
+                    allocated, reserved = reader()
                 except Exception:
                     allocated = reserved = None
                 gauges.append(Gauge("unimem_allocated_bytes", "Bytes in live tensors", labels, allocated))
                 gauges.append(Gauge("unimem_reserved_bytes", "Bytes the framework's pool holds", labels, reserved))
-            reply = self._link.ask("last")
+            reply = link.ask("last")
             row = reply["samples"][-1] if reply and reply.get("samples") else [None] * 6
             gauges.append(Gauge("unimem_device_total_bytes", "Device memory (NVML)", labels, row[1]))
             gauges.append(Gauge("unimem_device_used_bytes", "Device memory in use (NVML)", labels, row[2]))
@@ -568,6 +588,7 @@ class Monitor(Recorder):
             return gauges
 
         self._prometheus = serve(collect, port, host)
+        weakref.finalize(self, self._prometheus.close)  # dropped unstopped: the port is let go
         return int(self._prometheus.port)
 
 

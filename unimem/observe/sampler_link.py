@@ -10,7 +10,8 @@ it does not.
   answer a request; a line that cannot be sent within ``SEND_TIMEOUT`` (the sampler far behind)
   is dropped and counted, so the training loop never stalls on it.
 - Kills lose nothing the sampler holds: a link never stopped (its monitor dropped, or this process
-  exiting) closes the sampler's input and gives it ``RELEASE_TIMEOUT`` seconds to write it.
+  exiting) closes the sampler's input and gives it ``RELEASE_TIMEOUT`` seconds to write it, then
+  closes every descriptor it held: a dropped monitor keeps nothing open.
 - Forks: the pipes are raw descriptors this process alone owns (no buffered file object whose
   lock a fork could copy held); a forked child calls ``forked()``, which makes the locks anew,
   closes its copies of the pipes and leaves the sampler to the parent. The sampler watches this
@@ -50,7 +51,7 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 class _Pipe:
-    """The write end of the sampler's stdin (non-blocking), and the lock every writer takes.
+    """One end of a pipe to or from the sampler, and the lock every writer takes.
 
     Shared with the finalizer that closes it when a monitor is never stopped: a daemon thread
     still sending at exit then finds it closed, never a number the process reused.
@@ -68,14 +69,17 @@ class _Pipe:
             self.fd = -1
 
 
-def _release(proc: subprocess.Popen[bytes], pipe: _Pipe) -> None:
+def _release(proc: subprocess.Popen[bytes], pipe: _Pipe, inlet: _Pipe, stderr: IO[bytes]) -> None:
     """A monitor never stopped (its process exits, or it was dropped): close the sampler's input
-    so it writes what it holds and ends; kill it only if it does not."""
+    so it writes what it holds and ends, kill it only if it does not, and close what was held open
+    for it (the pipe from it, the file of its error output)."""
     pipe.close()
     try:
         proc.wait(timeout=RELEASE_TIMEOUT)
     except subprocess.TimeoutExpired:
         _kill(proc)
+    inlet.close()
+    stderr.close()
 
 
 class SamplerLink:
@@ -95,7 +99,7 @@ class SamplerLink:
         self._conversation = threading.Lock()  # one request and its reply at a time
         self.proc: subprocess.Popen[bytes] | None = None
         self._pipe = _Pipe()  # to the sampler
-        self._from_sampler = -1  # the read end of its stdout
+        self._inlet = _Pipe()  # from it: the read end of its stdout
         self._inbox = bytearray()
         self._stderr: IO[bytes] | None = None
         self._finalizer: weakref.finalize | None = None
@@ -114,12 +118,13 @@ class SamplerLink:
             "from unimem.observe.sampler import main; sys.exit(main(sys.argv[1:]))"
         )
         # Kept open for the sampler's lifetime (read if it dies), closed in finish.
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
+        self._stderr = stderr = tempfile.TemporaryFile()  # noqa: SIM115
         # Pipes made here, not by Popen: raw descriptors this process alone owns (no buffered file
         # object whose lock a fork could copy held), closed by a forked child at once.
         stdin_read, to_sampler = os.pipe()
         self._pipe = _Pipe(to_sampler)
-        self._from_sampler, stdout_write = os.pipe()
+        from_sampler, stdout_write = os.pipe()
+        self._inlet = _Pipe(from_sampler)
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-c", code, json.dumps(sys.path), *args],
@@ -136,7 +141,7 @@ class SamplerLink:
             os.close(stdout_write)
         os.set_blocking(to_sampler, False)  # a stuck sampler must not stall the training loop
         self.proc = proc
-        self._finalizer = weakref.finalize(self, _release, proc, self._pipe)
+        self._finalizer = weakref.finalize(self, _release, proc, self._pipe, self._inlet, stderr)
         try:
             ready: dict[str, Any] = json.loads(self.read_line(START_TIMEOUT))
         except (UnimemError, ValueError) as exc:
@@ -149,9 +154,9 @@ class SamplerLink:
         deadline = time.monotonic() + timeout
         while b"\n" not in self._inbox:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._from_sampler], [], [], left)[0]:
+            if left <= 0 or not select.select([self._inlet.fd], [], [], left)[0]:
                 raise UnimemError(f"no answer from the sampler process in {timeout:g} s")
-            chunk = os.read(self._from_sampler, 1 << 16)
+            chunk = os.read(self._inlet.fd, 1 << 16)
             if not chunk:
                 raise UnimemError(
                     f"the sampler process exited (code {None if self.proc is None else self.proc.poll()})"
@@ -206,10 +211,7 @@ class SamplerLink:
 
     def close_pipes(self) -> None:
         self._pipe.close()
-        if self._from_sampler >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._from_sampler)
-        self._from_sampler = -1
+        self._inlet.close()
 
     def finish(self, kill: bool) -> None:
         """End the sampler: its input closed so it writes what it holds and exits (killed at once
@@ -240,6 +242,7 @@ class SamplerLink:
         the pipes closed, and the sampler left to the parent."""
         self._conversation = threading.Lock()
         self._pipe.lock = threading.Lock()
+        self._inlet.lock = threading.Lock()
         self.close_pipes()
         if self._finalizer is not None:
             self._finalizer.detach()  # the sampler is the parent's to end
