@@ -1,14 +1,18 @@
 """A recording's PNG: long runs drawn thinned to the image's width, marks as one collection with the
-labels that fit, peaks and gaps kept, a damaged recording refused before anything is written."""
+labels that fit (each cut to what fits), peaks and gaps kept, the time axis from a start a run could
+have, a damaged recording refused before anything is written."""
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from unimem.cli.main import main as cli_main
 from unimem.errors import ConfigError
 from unimem.observe.plotting import _ranks_figure, _recording_figure
 from unimem.observe.recording import Recording
@@ -95,3 +99,47 @@ def test_a_figure_no_machine_could_hold_is_refused_and_nothing_is_written(record
     with pytest.raises(ConfigError, match="beyond any machine's memory"):
         recording.plot(tmp_path / "memory.png")
     assert not (tmp_path / "memory.png").exists()
+
+
+LONG_LABEL = "epoch 1: " + "x" * (5 << 20)  # a label of 5 MB: drawn whole, it took minutes and a gigabyte
+
+
+def test_a_mark_label_of_megabytes_is_drawn_cut_to_what_fits() -> None:
+    recording = _long_run(2_000, 3)
+    recording.marks.append(Mark(START + 0.5, LONG_LABEL))
+    fig = _recording_figure(recording, None, (10.0, 5.0), 100)
+    texts = [text.get_text() for text in fig.axes[0].texts]
+    assert max(map(len, texts)) <= 80 and any(t.startswith("epoch 1: xxx") and t.endswith("…") for t in texts)
+    ranks, *_ = _ranks_figure([(recording, "memory.rank0.json")], "allocated", None, (10.0, 5.0), 100)
+    assert max(len(text.get_text()) for text in ranks.axes[0].texts) <= 80
+    fig.savefig(io.BytesIO(), format="png")  # drawn: the cut label costs what a short one does
+
+
+@pytest.mark.parametrize("started", [1e308, -1e308, START - 2e9])
+def test_a_stated_start_no_run_could_have_is_not_the_axis_origin(started: float, tmp_path: Path) -> None:
+    recording = _long_run(2_000, 3)
+    recording.meta["started"] = started
+    fig = _recording_figure(recording, None, (10.0, 5.0), 100)
+    xs = _lines(fig)["allocated (framework)"].get_xdata()
+    assert min(xs) >= 0 and max(xs) < 2.5  # seconds since the first sample
+    recording.plot(tmp_path / "memory.png")  # matplotlib draws it: no "arange: cannot compute length"
+
+
+@pytest.mark.parametrize("times", [(START, 1e300), (-1e308, 1e308), (START, START + 2e9)])
+def test_times_spanning_more_than_any_run_are_refused_naming_the_span(
+    times: tuple[float, float], tmp_path: Path
+) -> None:
+    recording = Recording([Sample(t, "device", process_used=1 << 30) for t in times], [], {})
+    with pytest.raises(ConfigError, match="the recording is damaged") as info:
+        recording.plot(tmp_path / "memory.png")
+    assert info.value.parameter == "recording" and "span" in str(info.value)
+    with pytest.raises(ConfigError, match="the recording is damaged"):
+        _ranks_figure([(recording, None)], "process_used", None, (10.0, 5.0), 100)
+    assert not (tmp_path / "memory.png").exists()
+
+
+def test_the_plot_command_says_a_damaged_span_in_one_line(tmp_path: Path) -> None:
+    path = Recording([Sample(t, "device", process_used=1) for t in (START, 1e300)], [], {}).to_json(tmp_path / "m.json")
+    result = CliRunner().invoke(cli_main, ["plot", str(path)])
+    assert result.exit_code == 1 and "the recording is damaged" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "m.png").exists()

@@ -219,3 +219,35 @@ def test_open_hands_the_page_to_the_web_browser(tmp_path: Path, monkeypatch: pyt
     none = CliRunner().invoke(main, ["view", str(tmp_path / "memory.json"), "--open"])
     assert none.exit_code == 1 and "no web browser to open it here; open file://" in none.output
     assert (tmp_path / "memory.html").is_file()  # the page is written all the same
+
+
+def test_text_of_any_length_travels_cut_so_the_page_stays_small(tmp_path: Path) -> None:
+    recording = synthetic_run(500)
+    long = "epoch 1: " + "x" * (5 << 20)
+    recording.marks.append(Mark(START + 1, long))
+    recording.samples.append(Sample(START + 2, "device", error="NVML: " + "y" * (5 << 20)))
+    recording.meta["notes"] = [f"note {k}: " + "z" * 10_000 for k in range(1000)]
+    recording.meta["backend"] = "b" * (5 << 20)
+    page = write_view([recording], tmp_path / "memory.html")
+    assert page.size < 1 << 20  # the texts' megabytes stay out of the page
+    manifest, _ = page_parts(page.path)
+    (lane,) = manifest["lanes"]
+    cut = next(mark[1] for mark in lane["marks"] if mark[1].startswith("epoch 1: "))
+    assert len(cut) <= 500 and cut.endswith("…")
+    assert max(map(len, lane["errors"])) <= 500 and len(lane["about"]) <= 500 and len(manifest["title"]) <= 500
+    assert len(lane["notes"]) == 101 and lane["notes"][-1] == "... and 900 more notes"
+
+
+@pytest.mark.parametrize("started", [1e308, -1e308])
+def test_a_stated_start_no_run_could_have_is_not_the_pages_origin(tmp_path: Path, started: float) -> None:
+    recording = synthetic_run(500)
+    recording.meta["started"] = started
+    manifest, _ = page_parts(write_view([recording], tmp_path / "memory.html").path)
+    assert manifest["origin"] == min(s.time for s in recording.samples)
+
+
+def test_times_spanning_more_than_any_run_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    recording = Recording([Sample(t, "device", process_used=1) for t in (START, 1e300)], [], {})
+    with pytest.raises(ConfigError, match="the recording is damaged") as info:
+        write_view([recording], tmp_path / "memory.html")
+    assert info.value.parameter == "recording" and not (tmp_path / "memory.html").exists()

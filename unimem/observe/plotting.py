@@ -23,7 +23,7 @@ from unimem.compare.harness import Comparison
 from unimem.compare.worker import CONFIGS
 from unimem.errors import BackendUnavailable, ConfigError
 from unimem.observe.samples import Mark, Sample
-from unimem.observe.thinning import spaced, thin_line
+from unimem.observe.thinning import axis_origin, shortened, spaced, thin_line
 
 __all__ = [
     "FIGURE_LABELS",
@@ -38,6 +38,7 @@ __all__ = [
     "plot_recording",
     "rank_labels",
     "require_matplotlib",
+    "times_of",
 ]
 
 
@@ -86,6 +87,8 @@ FIGURE_LABELS = {
 }
 _RANK_IN_NAME = re.compile(r"\.rank(\d+)$")
 _MARK_FONT = 7  # points: a mark's label, upright beside its line
+_LABEL_CHARS = 80  # a mark's label drawn: more would not fit the height of any plot
+_TITLE_CHARS = 200  # a title made from a recording's metadata
 _LABEL_ROOM = 1.4  # a label's column is this many times its text's height: neighbours stay readable
 _MOST_BYTES = 1 << 60  # no machine holds an exbibyte: a figure above it is a damaged recording
 
@@ -191,7 +194,7 @@ def _recording_figure(recording: Plottable, title: str | None, figsize: tuple[fl
     ax.set_xlabel("seconds since start")
     ax.set_ylabel(unit)
     backend = recording.meta.get("backend") or "no framework"
-    ax.set_title(title or f"unimem: {backend}, device {recording.meta.get('device', 0)}")
+    ax.set_title(title or shortened(f"unimem: {backend}, device {recording.meta.get('device', 0)}", _TITLE_CHARS))
     ax.grid(True, alpha=0.3)
     top = biggest / scale
     ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)  # headroom: a flat line must not sit on the frame
@@ -203,10 +206,14 @@ def _recording_figure(recording: Plottable, title: str | None, figsize: tuple[fl
 
 
 def _origin(recordings: Sequence[Plottable]) -> float:
-    """Where the time axis starts: the earliest start of the recordings (0 when none is known)."""
-    starts = [start for recording in recordings if (start := recording.start_time) is not None]
-    starts = [start for start in starts if math.isfinite(start)]
-    return min(starts) if starts else 0.0
+    """Where the time axis starts: the earliest start of the recordings (0 when none is known), checked
+    by ``axis_origin`` (a damaged recording's span is a ``ConfigError``, never matplotlib's error)."""
+    return axis_origin([(recording.meta.get("started"), times_of(recording)) for recording in recordings])
+
+
+def times_of(recording: Plottable) -> list[float]:
+    """The times of a recording's samples and marks (a gap is a sample)."""
+    return [*map(attrgetter("time"), recording.samples), *map(attrgetter("time"), recording.marks)]
 
 
 def _columns(figsize: tuple[float, float], dpi: int) -> int:
@@ -369,7 +376,7 @@ def _vertical_lines(
 def _mark_text(ax: Any, x: float, text: str, colour: Any) -> None:
     """A mark's label, upright beside its line at ``x``, from the top of the axes."""
     ax.annotate(
-        text,
+        shortened(text, _LABEL_CHARS),
         xy=(x, 1.0),
         xycoords=("data", "axes fraction"),
         xytext=(2, -2),

@@ -4,8 +4,10 @@ A plot 1000 pixels wide cannot show a million samples, and drawing them all cost
 nothing. The time axis is cut into buckets (about a pixel each); per bucket a line keeps its
 first, lowest, highest and last point, so every peak and every dip survives and the line drawn
 at that width is the same. A gap (a failed reading) is kept, so the line still breaks there.
-Vertical lines and labels are thinned to those a view can tell apart. Pure Python, no numpy:
-the PNG and any other view (a browser page) draw the same points.
+Vertical lines and labels are thinned to those a view can tell apart, and a label is cut to what
+a view can show. The time axis starts where ``axis_origin`` says, which refuses a timeline no run
+could have (a damaged recording) before anything is drawn. Pure Python, no numpy: the PNG and
+any other view (a browser page) draw the same points.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from operator import is_, le
 
 from unimem.errors import ConfigError
 
-__all__ = ["spaced", "thin_line"]
+__all__ = ["MAX_SPAN", "axis_origin", "shortened", "spaced", "thin_line"]
+
+MAX_SPAN = 1e9  # seconds, about 32 years: no recording spans more; a wider timeline is a damaged one
 
 
 def thin_line(
@@ -112,3 +116,62 @@ def spaced(positions: Sequence[float], gap: float) -> list[int]:
             kept.append(index)
             previous = position
     return kept
+
+
+def shortened(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, an ellipsis ending a cut one: a label of megabytes
+    costs a view nothing more than one of a line."""
+    return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
+
+
+def _seconds(value: object) -> float | None:
+    """``value`` as a finite number of seconds; None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer past any float
+        return None
+    return seconds if math.isfinite(seconds) else None
+
+
+def axis_origin(runs: Sequence[tuple[object, Sequence[float]]]) -> float:
+    """Where a time axis of several runs starts: the earliest of their starts.
+
+    A run's start is the start it states (``meta["started"]``) where that lies within ``MAX_SPAN``
+    of its times, else its earliest time: a stated start of 1e308 (a damaged field) is not where
+    its samples are drawn from.
+
+    Args:
+        runs: Per run, the start it states (a number, or anything else: none) and the times of its
+            samples and marks (any order; one that is not a finite number is left out).
+
+    Returns:
+        The axis's origin; 0.0 when no run states a start or holds a time.
+
+    Raises:
+        ConfigError: The runs' times and starts span more than ``MAX_SPAN`` seconds: no run lasts
+            that long, the recording is damaged (``exc.parameter`` is ``"recording"``).
+    """
+    starts: list[float] = []
+    ends: list[float] = []
+    for stated, times in runs:
+        finite = [t for t in times if math.isfinite(t)]
+        first, last = (min(finite), max(finite)) if finite else (None, None)
+        given = _seconds(stated)
+        if given is not None and first is not None and last is not None:
+            given = given if max(abs(given - first), abs(given - last)) <= MAX_SPAN else None
+        start = given if given is not None else first
+        if start is not None:
+            starts.append(start)
+            ends.append(max(start, last) if last is not None else start)
+    if not starts:
+        return 0.0
+    origin, end = min(starts), max(ends)
+    if not end - origin <= MAX_SPAN:
+        raise ConfigError(
+            "recording",
+            f"its times span {end - origin:.3g} s (from {origin!r} to {end!r}), more than any run "
+            f"({MAX_SPAN:.0e} s, about 32 years): the recording is damaged; check its samples' and marks' times",
+        )
+    return origin

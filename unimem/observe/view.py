@@ -44,8 +44,9 @@ from unimem.observe.files import (
     write_atomically,
 )
 from unimem.observe.loading import JSON_MEMORY
-from unimem.observe.plotting import FIGURE_LABELS, RankLine, Streams, rank_labels
+from unimem.observe.plotting import FIGURE_LABELS, RankLine, Streams, rank_labels, times_of
 from unimem.observe.recording import Recording, load_recording
+from unimem.observe.thinning import axis_origin, shortened
 
 if TYPE_CHECKING:
     from unimem.compare.harness import Comparison
@@ -59,6 +60,10 @@ _HIDDEN = frozenset({"device_total"})
 _PAGE = "view_page"  # the page's template, style and scripts: package data beside this module
 _COMPRESSION = 1  # zlib level: a tenth larger than level 6, a quarter of its time on a million samples
 _RUN_TEXTS = ("framework", "workload", "config")
+# Text read from a recording travels cut to what the page can show (a mark's label of megabytes
+# must not make a page of megabytes), and at most so many notes a lane.
+_TEXT_CHARS = 500
+_NOTES = 100
 _RUN_BYTES = (
     "start_process_used",
     "start_host_rss",
@@ -167,8 +172,7 @@ def _render(
     arrays = _Arrays()
     labelled, notes = rank_labels(recordings) if len(recordings) > 1 else (_single(recordings), [])
     order = sorted(range(len(recordings)), key=lambda i: (labelled[i][1] is None, labelled[i][1] or 0, i))
-    starts = [start for recording, _ in recordings if (start := recording.start_time) is not None]
-    origin = min((start for start in starts if math.isfinite(start)), default=0.0)
+    origin = axis_origin([(recording.meta.get("started"), times_of(recording)) for recording, _ in recordings])
     lanes = [_lane(recordings[i][0], labelled[i][0], recordings[i][1], arrays) for i in order]
     drawn = tuple(
         RankLine(labelled[i][0], labelled[i][1], recordings[i][1], len(recordings[i][0].samples)) for i in order
@@ -348,7 +352,7 @@ def _lane(recording: Recording, label: str, file: str | None, arrays: _Arrays) -
             )
     errors: dict[str, int] = {}
     gaps = [
-        [time, errors.setdefault(error, len(errors))]
+        [time, errors.setdefault(shortened(error, _TEXT_CHARS), len(errors))]
         for time, error in sorted(recording.gaps, key=_first)
         if math.isfinite(time)
     ]
@@ -357,12 +361,12 @@ def _lane(recording: Recording, label: str, file: str | None, arrays: _Arrays) -
     return {
         "label": label,
         "file": file,
-        "about": _about(recording),
-        "notes": recording.notes,
+        "about": shortened(_about(recording), _TEXT_CHARS),
+        "notes": _notes(recording.notes),
         "samples": len(recording.samples),
         "lines": lines,
         "marks": [
-            [mark.time, mark.label, mark.allocated, mark.reserved]
+            [mark.time, shortened(mark.label, _TEXT_CHARS), mark.allocated, mark.reserved]
             for mark in sorted(recording.marks, key=_time)
             if math.isfinite(mark.time)
         ],
@@ -370,6 +374,12 @@ def _lane(recording: Recording, label: str, file: str | None, arrays: _Arrays) -
         "errors": list(errors),
         "limit": limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None,
     }
+
+
+def _notes(notes: list[str]) -> list[str]:
+    """A lane's notes as the page shows them: each cut to ``_TEXT_CHARS``, at most ``_NOTES`` of them."""
+    shown = [shortened(note, _TEXT_CHARS) for note in notes[:_NOTES]]
+    return shown + ([f"... and {len(notes) - _NOTES} more notes"] if len(notes) > _NOTES else [])
 
 
 def _time(mark: Any) -> float:
@@ -404,7 +414,9 @@ def _title(
         meta = recordings[0][0].meta
         if not meta and recordings[0][1]:
             return f"unimem: {recordings[0][1]}"  # a CSV keeps no metadata: its file names it
-        return f"unimem: {meta.get('backend') or 'no framework'}, device {meta.get('device', 0)}"
+        return shortened(
+            f"unimem: {meta.get('backend') or 'no framework'}, device {meta.get('device', 0)}", _TEXT_CHARS
+        )
     if recordings:
         what = "ranks" if all(lane.rank is not None for lane in lanes) else "recordings"
         return f"unimem: {len(recordings)} {what}"

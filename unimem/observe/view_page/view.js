@@ -19,6 +19,8 @@
   const GAP_COLOUR = "rgba(255, 140, 0, 0.6)";
   const PAD = { left: 72, right: 14, top: 14, bottom: 26 }; // CSS pixels around a lane's plot
   const LABEL_ROOM = 14; // CSS pixels between two labelled marks: their upright labels stay readable
+  const LABEL_CHARS = 120; // of a mark's label drawn upright: more would not fit any canvas's height
+  const MAX_TICKS = 1000; // grid lines of one axis: far more than any canvas shows
   const NEAR = 6; // CSS pixels within which the pointer is on a mark or a failed reading
   const UNITS = [
     [2 ** 30, "GiB"],
@@ -325,7 +327,7 @@
     const yStep = niceStep(yMax / scale / 5);
     ctx.textAlign = "right";
     ctx.textBaseline = "middle";
-    for (let value = 0; value <= yMax / scale + 1e-9; value += yStep) {
+    for (const value of ticks(0, yMax / scale + 1e-9, yStep)) {
       const py = plot.bottom - ((value * scale) / yMax) * (plot.bottom - plot.top);
       line(ctx, plot.left, py, plot.right, py);
       ctx.fillText(`${trim(value, yStep)} ${unit}`, plot.left - 6, py);
@@ -334,7 +336,7 @@
     const xStep = niceStep(span / Math.max(2, (plot.right - plot.left) / 110));
     ctx.textAlign = "center";
     ctx.textBaseline = "top";
-    for (let time = Math.ceil(view.x0 / xStep) * xStep; time <= view.x1; time += xStep) {
+    for (const time of ticks(Math.ceil(view.x0 / xStep) * xStep, view.x1, xStep)) {
       const px = plot.left + ((time - view.x0) / span) * (plot.right - plot.left);
       line(ctx, px, plot.top, px, plot.bottom);
       ctx.fillText(`${trim(time, xStep)} s`, px, plot.bottom + 6);
@@ -393,7 +395,7 @@
       ctx.save();
       ctx.translate(xs[index] + 2, plot.top + 2);
       ctx.rotate(-Math.PI / 2);
-      ctx.fillText(lane.marks[lo + index].label, 0, 0);
+      ctx.fillText(lane.marks[lo + index].label.slice(0, LABEL_CHARS), 0, 0);
       ctx.restore();
     }
     ctx.restore();
@@ -634,7 +636,7 @@
     ctx.textAlign = "right";
     ctx.textBaseline = "middle";
     const step = niceStep(yMax / scale / 5);
-    for (let value = 0; value <= yMax / scale + 1e-9; value += step) {
+    for (const value of ticks(0, yMax / scale + 1e-9, step)) {
       const py = plot.bottom - ((value * scale) / yMax) * (plot.bottom - plot.top);
       line(ctx, plot.left, py, plot.right, py);
       ctx.fillText(`${trim(value, step)} ${unit}`, plot.left - 6, py);
@@ -682,6 +684,15 @@
   function unitOf(biggest) {
     for (const [scale, unit] of UNITS) if (biggest >= scale) return [scale, unit];
     return [1, "bytes"];
+  }
+
+  // The values from ``first`` to ``last`` ``step`` apart, at most MAX_TICKS of them: counted, not
+  // summed, so a step too small to move a large value (a deep zoom far from the origin) ends too.
+  function ticks(first, last, step) {
+    const count = Math.min(MAX_TICKS, Math.floor((last - first) / step) + 1);
+    const values = [];
+    for (let k = 0; k < count; k++) values.push(first + k * step); // a count that is NaN: none
+    return values;
   }
 
   function niceStep(raw) {
