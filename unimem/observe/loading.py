@@ -67,7 +67,7 @@ __all__ = ["JSON_MEMORY", "Loaded", "load_file"]
 
 # Bytes of memory a file read whole takes per byte of it, at most, while it loads and once it is
 # samples: a short sample's Python objects outweigh its text by an order of magnitude, and a CSV's
-# cells are strings before they are numbers (docs/measurements.md, "Recordings of any size").
+# cells are strings before they are numbers (docs/measurements.md, "Recordings of any size and any label").
 JSON_MEMORY = 12
 _CSV_MEMORY = 20
 
