@@ -25,25 +25,37 @@ JAX rows also record: ``lower`` (searched with ``lower=`` or not); ``compile_cal
 compilation of the training step the user pays for during the search (counted by JAX's own
 compile events: the search's and the step's own where the search's did not serve it; the
 search's own count is ``search_compile_calls``); ``compile_seconds_at_answer``, one compilation
-at the answer's size, alone, in a fresh process after the search; ``largest_in_process``, the
-largest size that runs at full speed in the searching process after the search (bisected there
+at the answer's size, alone, in a fresh process after the search; ``in_process_5_percent``, the
+probe at ``ceil(answer x 1.05)`` in the searching process after the search (compiled first, then
+run: ``[size, ran, rematerialized, seconds]``); ``largest_in_process``, the largest size that runs
+at full speed in the searching process after the search (from that probe on, bisected there
 within ``--in-process-budget`` seconds: each probe compiled first, a size XLA rematerialized
 counted as not running at full speed, then run; every probe in ``in_process_calls``) and
 ``share_in_process``, the answer's share of it once the probes bracket it within 1% (else None,
-and ``share_in_process_at_most``, the share of the largest probe that ran); ``fresh``, a fresh
-process's run at the answer and at
-``ceil(answer / 0.95)`` (its failure confirms ``share_fresh`` >= 95%; else bisected up in fresh
-processes while time is left).
+and ``share_in_process_at_most``, the share of the largest probe that ran); ``fresh``, fresh
+processes' runs at the answer, at ``ceil(answer x 1.05)`` (``fresh_5_percent``) and, while time
+is left, above it (grown by 1/0.95 until a size does not run, then bisected).
+
+``best_seen`` (JAX rows): the largest size seen running at full speed in any process of this run
+on that model and configuration -- both searches' calls that ran (with and without ``lower=``),
+the answer's ten steps, the in-process probes, the fresh probes and the baselines' calls -- and
+never below ``SEEN_ON_H200`` on an H200 (sizes an earlier run saw running: what fits in a growing
+pool depends on its history, so one run can miss a size that runs). The rows of one model share
+it (computed once all of them ran); ``share_best_seen`` is ``found / best_seen``, and
+``targets_met`` holds the row against ``TARGETS`` (the summary prints both).
 
 Baselines, replayed in code on the same models (accelerate recognises only torch's OOM
-messages, and Lightning is not installed on the GPU machine): accelerate's
+messages; both are replayed so that they call the very step unimem's search calls): accelerate's
 ``find_executable_batch_size`` (from a high start, x0.9 on each OOM) and Lightning's ``power``
 and ``binsearch`` scaling (from 2, at most 25 trials, one step per trial), each with a wall
 budget; a JAX failure costs seconds, so those that run out of it say so (``gave_up``).
 
     python benchmarks/bench_search_rows.py --out benchmarks/results/search-gpu-h200.json --machine LABEL
     python benchmarks/bench_search_rows.py --models flax-mlp,jax-mlp,jax-transformer --no-baselines --out rows.json
+    python benchmarks/bench_search_rows.py --models flax-mlp --lower both --merge --out rows.json  # into rows.json
     python benchmarks/bench_search_rows.py --cpu --out /tmp/rows.json   # the logic on the CPU, simulated caps
+
+``--merge`` keeps the rows of other models already in ``--out`` (this run's models' rows replace theirs).
 
 Without a GPU (``--cpu``) the models are small, each step raises its framework's own
 out-of-memory error past a fixed size, and JAX's ``limit=`` is XLA's predicted peak at that size
@@ -65,6 +77,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import benchlib  # noqa: E402
+import search_rows_judge as judge  # noqa: E402
 
 # Torch first: its failures cost milliseconds, JAX's seconds; the order the budget is spent in.
 MODELS: dict[str, dict[str, Any]] = {
@@ -106,12 +119,6 @@ MODELS: dict[str, dict[str, Any]] = {
     },
 }
 BASELINES = ("accelerate", "lightning-power", "lightning-binsearch")
-TARGETS = {
-    "share": 0.95,
-    "step_calls": 6,
-    "jax_lower": {"compile_calls": 5, "failed_calls": 0, "seconds": "4 x compile_seconds_at_answer + 10"},
-    "jax_without_lower": {"step_calls": 6, "failed_calls": 2},
-}
 # A failed probe of a large JAX step takes 16-21 s (the whole-GPU Flax MLP): each is allowed this long.
 PROBE_SECONDS = 180.0
 
@@ -517,20 +524,26 @@ def in_process_share(found: int, high: int | None, probes: list[list[Any]]) -> d
     }
 
 
+def probe_above(found: int) -> int:
+    """The size 5% above an answer, ``ceil(found x 1.05)`` in integers (no float rounding up a
+    whole number): where the answer is checked for room left above it."""
+    return max(found + 1, -(-found * 105 // 100))
+
+
 def _largest_in_process(work: Work, low: int, high: int | None, until: float) -> dict[str, Any]:
     """The largest size that runs at full speed in this process from ``low`` (which ran) up,
-    below ``high`` (known not to, or None): probed one after another (each compiles, then runs,
-    ``next_probe``) while ``until`` (a ``perf_counter`` time) has not passed. Every probe changes
-    the pool the next one sees."""
+    below ``high`` (known not to, or None): first ``probe_above(low)``, whatever the time, then
+    probed one after another (each compiles, then runs, ``next_probe``) while ``until`` (a
+    ``perf_counter`` time) has not passed. Every probe changes the pool the next one sees."""
     probes: list[list[Any]] = []
     found, bound = low, high
-    size = next_probe(low, high)
-    while size is not None and time.perf_counter() < until:
+    size: int | None = probe_above(low)
+    while size is not None:
         t0 = time.perf_counter()
         runs, remat = _full_speed(work, size)
         probes.append([size, runs, remat, round(time.perf_counter() - t0, 2)])
-        low, high = (size, high) if runs else (low, size)
-        size = next_probe(low, high)
+        low, high = (max(low, size), high) if runs else (low, size if high is None else min(high, size))
+        size = next_probe(low, high) if time.perf_counter() < until else None
     return {**in_process_share(found, bound, probes), "probes": probes}
 
 
@@ -605,6 +618,7 @@ def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
         bound = None if result.smallest_failure is None else result.smallest_failure
         until = time.perf_counter() + spec.get("in_process_seconds", 240.0)
         row["in_process"] = _largest_in_process(work, result.batch_size, bound, until)
+        row["in_process_5_percent"] = row["in_process"]["probes"][0]
         row["answer_rematerialized"] = _full_speed(work, result.batch_size)[1] if work.lower is not None else None
     return row
 
@@ -812,31 +826,30 @@ def confirm(name: str, gpu: bool, search: dict[str, Any], timeout: float, until:
 
 def confirm_jax(name: str, gpu: bool, search: dict[str, Any], until: float) -> dict[str, Any]:
     """A JAX answer in fresh processes, one at a time (the whole-GPU model takes the device):
-    the answer, compiled alone first (``compile_seconds_at_answer``), then run; one run at
-    ``ceil(answer / 0.95)``, whose failure (or rematerialization) confirms the answer is within 5%
-    of the largest that runs fresh; then, while time is left (``until``), bisected between them,
-    or grown past the answer by 1/0.95 until a size does not run and bisected there."""
+    the answer, compiled alone first (``compile_seconds_at_answer``), then run; then one run at
+    ``probe_above(answer)`` (``five_percent``), whatever the time, whose failure (or
+    rematerialization) confirms the answer is within 5% of the largest that runs fresh; then,
+    while time is left (``until``), bisected between them, or grown past it by 1/0.95 until a
+    size does not run and bisected there (``next_probe``)."""
     found = search["found"]
+    probes: list[list[Any]] = []
 
     def probe(size: int, timed: bool = False) -> dict[str, Any]:
         spec = {**base_spec(name, gpu), "kind": "probe", "size": size, "compile_seconds": timed}
-        return run(spec, PROBE_SECONDS)
+        out = run(spec, PROBE_SECONDS)
+        if not timed:
+            probes.append([size, out.get("fits"), out.get("rematerialized"), out.get("error")])
+        return out
 
     at_answer = probe(found, timed=True)
-    probes: list[list[Any]] = []
+    size: int | None = probe_above(found)
     low, high = found, None
-    if at_answer.get("fits"):
-        size = math.ceil(found / 0.95)
-        while time.perf_counter() + PROBE_SECONDS < until or not probes:
-            out = probe(size)
-            probes.append([size, out.get("fits"), out.get("rematerialized"), out.get("error")])
-            narrowed = _narrow(low, high, size, out.get("fits"))
-            if narrowed is None:
-                break
-            low, high = narrowed
-            if high is not None and high - low <= max(1, low // 100):
-                break
-            size = math.ceil(low / 0.95) if high is None else (low + high) // 2
+    while size is not None:
+        narrowed = _narrow(low, high, size, probe(size).get("fits"))
+        if narrowed is None or not at_answer.get("fits"):
+            break
+        low, high = narrowed
+        size = next_probe(low, high) if time.perf_counter() + PROBE_SECONDS < until else None
     return {
         "true_max": None if high is None else high - 1,
         "true_max_confirmed": bool(at_answer.get("fits")) and high is not None,
@@ -844,6 +857,7 @@ def confirm_jax(name: str, gpu: bool, search: dict[str, Any], until: float) -> d
         "answer_fits_fresh": at_answer.get("fits"),
         "compile_seconds_at_answer": at_answer.get("compile_seconds"),
         "within_5_percent": bool(at_answer.get("fits")) and high is not None and high <= math.ceil(found / 0.95),
+        "five_percent": probes[0],  # [size, ran, rematerialized, error]
         "probes": probes,
         "probe_errors": [p for p in [at_answer] if "error" in p] or None,
     }
@@ -858,10 +872,10 @@ def search_row(
     # search then bisects the largest size that runs in its own process for ``in_process`` seconds
     # more (a probe under way runs to its end: PROBE_SECONDS at most).
     allowed = max(60.0, min(240.0 + (240.0 if jax else 0.0), remaining / 2))
-    extra = in_process + PROBE_SECONDS if jax else 0.0
+    extra = in_process + 2 * PROBE_SECONDS if jax else 0.0  # the probe 5% above the answer, then the last
     child_spec = {**base_spec(name, gpu), "kind": "search", "lower": lower, "in_process_seconds": in_process}
     run_out = run(child_spec, timeout=allowed + extra)
-    row: dict[str, Any] = {"framework": spec["framework"], "model": spec["model"], "method": "unimem"}
+    row: dict[str, Any] = {"framework": spec["framework"], "name": name, "model": spec["model"], "method": "unimem"}
     if jax:
         row["lower"] = lower
     if "error" in run_out:
@@ -876,33 +890,15 @@ def search_row(
             share_in_process_at_most=bisected["share_at_most"],
             in_process_bisected=bisected["bisected"],
             in_process_calls=bisected["probes"],  # [size, ran, rematerialized, seconds] each
+            in_process_5_percent=bisected["probes"][0],
         )
     return row
 
 
-def jax_targets(row: dict[str, Any]) -> dict[str, bool | None]:
-    """Whether a JAX row meets its targets (TARGETS): with lower=, at most 5 compilations (the
-    start's included), no failed call, seconds within 4 compilations at the answer and 10 s;
-    without, at most 6 calls and 2 failed; both, within 5% in the searching process, ten steps run."""
-    seconds_at = row.get("compile_seconds_at_answer")
-    share = row.get("share_in_process")
-    met: dict[str, bool | None] = {
-        "share_in_process": None if share is None else share >= TARGETS["share"],
-        "ten_steps": row.get("same_process_ok"),
-    }
-    if row.get("lower"):
-        met["compile_calls"] = row["compile_calls"] <= 5
-        met["failed_calls"] = row["failed_calls"] == 0
-        met["seconds"] = None if seconds_at is None else row["seconds"] <= 4 * seconds_at + 10
-    else:
-        met["step_calls"] = row["step_calls"] <= 6
-        met["failed_calls"] = row["failed_calls"] <= 2
-    return met
-
-
 def baseline_rows(name: str, gpu: bool, search: dict[str, Any], budget: float) -> list[dict[str, Any]]:
-    """The three baselines on one model, at once (their seconds then overlap: ``concurrent``);
-    accelerate from the power of two at or above twice the largest size."""
+    """The three baselines on one model, at once (their seconds then overlap: ``concurrent``), or
+    one after another on a model that takes the whole device; accelerate from the power of two at
+    or above twice the largest size."""
     spec = MODELS[name]
     true_max = search.get("true_max")
     high = 1 << math.ceil(math.log2(2 * (true_max or search["found"])))
@@ -910,15 +906,16 @@ def baseline_rows(name: str, gpu: bool, search: dict[str, Any], budget: float) -
     def one(method: str) -> dict[str, Any]:
         base = {**base_spec(name, gpu), "kind": "baseline", "method": method, "high": high, "budget": budget}
         out = run(base, budget + 120)
-        row: dict[str, Any] = {"framework": spec["framework"], "model": spec["model"], "method": method}
+        row: dict[str, Any] = {"framework": spec["framework"], "name": name, "model": spec["model"], "method": method}
         if "error" in out:
             return {**row, "error": out}
         row.update({k: out[k] for k in ("found", "step_calls", "failed_calls", "seconds", "same_process_ok")})
-        row.update(compile_calls=None, true_max=true_max, gave_up=out["gave_up"], concurrent=True, detail=out)
+        row.update(compile_calls=None, true_max=true_max, gave_up=out["gave_up"], detail=out)
+        row["concurrent"] = not _whole_device(name)
         row["share"] = out["found"] / true_max if true_max and out["found"] else None
         return row
 
-    with ThreadPoolExecutor(max_workers=len(BASELINES)) as pool:
+    with ThreadPoolExecutor(max_workers=1 if _whole_device(name) else len(BASELINES)) as pool:
         return list(pool.map(one, BASELINES))
 
 
@@ -933,7 +930,7 @@ def _variants(name: str, wanted: str) -> list[bool | None]:
     return [v for v in listed if v in chosen] or chosen
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(HERE / "results" / "search-gpu-h200.json"))
     parser.add_argument("--machine", default=None)
@@ -944,21 +941,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=450.0, help="seconds for everything; later work skips")
     parser.add_argument("--baseline-budget", type=float, default=45.0, help="wall seconds per baseline search")
     parser.add_argument("--in-process-budget", type=float, default=240.0,
-                        help="seconds each JAX search may spend after it bisecting the largest size that runs "
-                        "in its own process (0: no probe)")  # fmt: skip
+                        help="seconds each JAX search may spend after it, past the probe 5%% above its answer, "
+                        "bisecting the largest size that runs in its own process (0: that probe only)")  # fmt: skip
     parser.add_argument("--no-baselines", action="store_true", help="unimem's rows only")
+    parser.add_argument("--merge", action="store_true", help="keep the other models' rows already in --out")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.child is not None:
         print(benchlib.RESULT_MARK + json.dumps(child(json.loads(args.child)), default=str), flush=True)
         return 0
     deadline = time.perf_counter() + args.budget
-    gpu = not args.cpu and benchlib.gpu_description() is not None
-    result = benchlib.header("search_rows", args.machine, sys.argv)
-    result.update(mode="gpu" if gpu else "cpu-simulated", targets=TARGETS, rows=[])
+    device = None if args.cpu else benchlib.gpu_description()
+    gpu = device is not None
+    seen_before = judge.floors(device["name"]) if device else {}
     names = [n.strip() for n in args.models.split(",") if n.strip()]
+    result = benchlib.header("search_rows", args.machine, sys.argv)
+    result.update(mode="gpu" if gpu else "cpu-simulated", targets=judge.TARGETS, best_seen_floors=seen_before)
+    earlier = benchlib.earlier(args.out) if args.merge else None
+    models = {MODELS[n]["model"] for n in names}
+    kept = [] if earlier is None else [r for r in earlier.get("rows", []) if r.get("model") not in models]
+    benchlib.add_source(result, earlier, ", ".join(names))
+    ours: list[dict[str, Any]] = []  # this run's rows, judged together
 
-    def save() -> None:
+    def save() -> None:  # as rows arrive: a run stopped early keeps its rows, judged as far as they go
+        judge.apply_best_seen(ours, seen_before)
+        result["rows"] = kept + ours
+        result["summary"] = judge.summary(result["rows"])
         benchlib.write(result, args.out)
 
     # 1. unimem's searches, one at a time (their seconds are the point), each in a fresh process.
@@ -966,15 +978,37 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         for lower in _variants(name, args.lower):
             if deadline - time.perf_counter() < 60:
-                result["rows"].append({"model": MODELS[name]["model"], "method": "unimem", "skipped": "budget"})
-                continue
-            left = deadline - time.perf_counter()
-            searches[name, lower] = search_row(name, gpu, left, lower, args.in_process_budget)
-            result["rows"].append(searches[name, lower])
+                ours.append({"name": name, "model": MODELS[name]["model"], "method": "unimem", "skipped": "budget"})
+            else:
+                searches[name, lower] = search_row(
+                    name, gpu, deadline - time.perf_counter(), lower, args.in_process_budget
+                )
+                ours.append(searches[name, lower])
             save()
-    # 2. the true largest. torch: each bracket confirmed by fresh processes, all models at once;
-    # JAX: fresh processes one at a time (a whole-GPU model takes the device), each search its share.
     done = {key: r for key, r in searches.items() if "found" in r}
+    confirm_all(done, gpu, deadline, save)
+    # 3. the baselines on the same models: two capped models' three at once (caps well under the
+    # device); a model on the whole device alone, its three one after another.
+    ready = [] if args.no_baselines else [n for n in names if any(k[0] == n for k in done)]
+    for wave in _waves(ready):
+        if deadline - time.perf_counter() < args.baseline_budget * (3 if _whole_device(wave[0]) else 1) + 60:
+            result["baselines_skipped"] = "the budget ran out (--budget)"
+            break
+        first = [next(r for k, r in done.items() if k[0] == n) for n in wave]
+        with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+            waves = list(pool.map(lambda n, r: baseline_rows(n, gpu, r, args.baseline_budget), wave, first))
+        ours += [base for bases in waves for base in bases]
+        save()
+    save()
+    print("\n".join(result["summary"]), file=sys.stderr)
+    return 0
+
+
+def confirm_all(
+    done: dict[tuple[str, bool | None], dict[str, Any]], gpu: bool, deadline: float, save: Callable[[], None]
+) -> None:
+    """2. The true largest. torch: each bracket confirmed by fresh processes, all models at once;
+    JAX: fresh processes one at a time (a whole-GPU model takes the device), each search its share."""
     torch_done = {key: r for key, r in done.items() if r["framework"] == "torch"}
     with ThreadPoolExecutor(max_workers=max(1, len(torch_done))) as pool:
         checks = dict(
@@ -985,69 +1019,34 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     for key, check in checks.items():
-        row = searches[key]
+        row = done[key]
         row.update(true_max=check["true_max"], true_max_confirmed=check["true_max_confirmed"], reference=check)
         row["share"] = row["found"] / check["true_max"] if check["true_max"] else None
+        row["targets_met"] = judge.torch_targets(row)
     save()
     jax_done = [key for key, r in done.items() if r["framework"] == "jax"]
     for i, key in enumerate(jax_done):
-        row = searches[key]
+        row = done[key]
         share = (deadline - time.perf_counter()) / (len(jax_done) - i)
         check = confirm_jax(key[0], gpu, row, time.perf_counter() + share)
         row.update(true_max=check["true_max"], true_max_confirmed=check["true_max_confirmed"], fresh=check)
-        row["compile_seconds_at_answer"] = check["compile_seconds_at_answer"]
+        row.update(compile_seconds_at_answer=check["compile_seconds_at_answer"], fresh_5_percent=check["five_percent"])
         fresh = check["largest_that_ran_fresh"]
         row["share_fresh"] = row["found"] / check["true_max"] if check["true_max"] else None
         row["share_fresh_at_least"] = row["found"] / fresh if fresh else None
         row["share"] = row["share_fresh"]
-        row["targets_met"] = jax_targets(row)
         save()
-    # 3. the baselines on the same models: two models' three at once (caps well under the device).
-    ready = [] if args.no_baselines else [n for n in names if any(k[0] == n for k in done)]
-    for wave in (ready[i : i + 2] for i in range(0, len(ready), 2)):
-        if deadline - time.perf_counter() < args.baseline_budget + 60:
-            result["baselines_skipped"] = "the budget ran out (--budget)"
-            break
-        first = [next(r for k, r in done.items() if k[0] == n) for n in wave]
-        with ThreadPoolExecutor(max_workers=len(wave)) as pool:
-            waves = list(pool.map(lambda n, r: baseline_rows(n, gpu, r, args.baseline_budget), wave, first))
-        result["rows"] += [base for bases in waves for base in bases]
-        save()
-    result["summary"] = summary(result["rows"])
-    save()
-    print(json.dumps(result["summary"], indent=1), file=sys.stderr)
-    return 0
 
 
-def summary(rows: list[dict[str, Any]]) -> list[str]:
-    lines = []
-    for row in rows:
-        if "found" not in row:
-            lines.append(f"{row.get('model')} {row.get('method')}: {row.get('skipped') or 'error'}")
-            continue
-        share = row.get("share")
-        method = row["method"] + ("" if "lower" not in row else " (lower=)" if row["lower"] else " (no lower=)")
-        in_process = row.get("share_in_process")
-        at_most = row.get("share_in_process_at_most")
-        lines.append(
-            f"{row['framework']:<6} {method:<20} found {row['found']} "
-            f"({'?' if share is None else f'{share:.1%}'} of {row.get('true_max')}), {row['step_calls']} calls, "
-            f"{row['failed_calls']} failed, {row.get('compile_calls')} compiled, {row['seconds']:.1f} s, "
-            f"same process {row['same_process_ok']}"
-            + ("" if in_process is None else f", {in_process:.1%} of {row['largest_in_process']} in process")
-            + (
-                f", at most {at_most:.1%} of {row['largest_in_process']} in process (not bisected)"
-                if in_process is None and at_most is not None
-                else ""
-            )
-            + (
-                ""
-                if row.get("compile_seconds_at_answer") is None
-                else f", {row['compile_seconds_at_answer']} s a compile"
-            )
-            + (" (gave up)" if row.get("gave_up") else "")
-        )
-    return lines
+def _whole_device(name: str) -> bool:
+    """Whether a model runs without a cap (its searches take the whole device)."""
+    return "limit" not in MODELS[name]["configure"]
+
+
+def _waves(names: list[str]) -> list[list[str]]:
+    """The models whose baselines run at once: two capped ones a wave; one on the whole device alone."""
+    capped = [n for n in names if not _whole_device(n)]
+    return [capped[i : i + 2] for i in range(0, len(capped), 2)] + [[n] for n in names if _whole_device(n)]
 
 
 if __name__ == "__main__":

@@ -129,3 +129,26 @@ def run_child(
                 result["stderr_tail"] = done.stderr[-4000:]
             return result
     return {"error": f"exit {done.returncode}", "stderr": done.stderr[-2000:]}
+
+
+def earlier(out: str | None) -> dict[str, Any] | None:
+    """The result a benchmark wrote to ``out`` before (to merge this run's rows into), or None."""
+    if out is None or out == "-" or not Path(out).is_file():
+        return None
+    found: dict[str, Any] = json.loads(Path(out).read_text())
+    return found
+
+
+def _source(result: dict[str, Any], rows: str) -> dict[str, Any]:
+    keys = ("command", "date", "versions", "machine")
+    return {"rows": rows, **{k: result[k] for k in keys if k in result}}
+
+
+def add_source(result: dict[str, Any], before: dict[str, Any] | None, rows: str) -> None:
+    """Where ``result``'s rows join those of ``before`` (an earlier result in the same file): its
+    ``sources``, each run's rows, command, date, versions and machine -- ``before``'s own (or one
+    entry for it), then this run's. Nothing where there is no earlier result."""
+    if before is None:
+        return
+    kept = before.get("sources") or [_source(before, "the rows kept from before")]
+    result["sources"] = [*kept, _source(result, rows)]
