@@ -15,10 +15,24 @@ Per row, at one batch size (each measurement in a fresh process): ``peak_bytes``
 of one training step, ``unimem.track``), ``host_peak_bytes`` (the process's resident peak in that
 step, ``track().host_peak``), ``ms_per_sample`` (median of the timed steps after warm-up, over
 the batch), and ``largest_batch`` (``unimem.find_batch_size`` in another fresh process; JAX with
-``lower=``, XLA's compiled peak of each size).
+``lower=``, XLA's compiled peak of each size). Every row that was to be searched has
+``largest_batch`` and ``search``: ``"finished"``, or why there is no answer -- the search ran past
+its time (with the compilations and sizes that ran before it was stopped: ``search_seen``), or
+it was not started because the budget no longer held its time (a search is started only with
+all of it: one cut short answers nothing).
+
+A search is given ``--search-seconds``, by default ``SEARCH_SECONDS`` for its framework: JAX's
+GPT-2 compiles each size it tries (20-31 s a compilation on an H200, 5 to 10 of them a search).
 
     python benchmarks/bench_savers.py --out benchmarks/results/savers-gpu-h200.json --machine LABEL [--limit 40GiB]
+    python benchmarks/bench_savers.py --frameworks jax --modes matmuls --parts search --limit 40GiB --merge \
+        --out benchmarks/results/savers-gpu-h200.json   # one JAX search, into the rows already there
     python benchmarks/bench_savers.py --cpu --out /tmp/savers.json   # a tiny model on the CPU
+
+``--merge`` updates the rows already in ``--out`` (the same framework, mode and cap) with this run's
+figures and keeps the others. ``--jobs 2`` runs two modes at once, each in its own process under
+its own ``--limit`` (the caps must fit the device together); their rows say ``concurrent``, since
+their seconds overlap.
 
 Without a GPU (``--cpu``) the model is tiny, there is no device peak (None), and the largest batch
 is searched against a simulated cap: each step raises its framework's own out-of-memory error past
@@ -29,10 +43,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +64,9 @@ TINY = {"layers": 2, "width": 64, "heads": 4, "vocab": 512, "seq": 64}
 GPU_BATCH, CPU_BATCH = 8, 2
 CPU_CAP = 12  # the simulated largest batch on the CPU
 WARMUP, TIMED = 2, 5
+# Seconds one search is given (a fresh process: start, warm-up, search). JAX compiles every size it
+# tries: GPT-2's compilations took 20-31 s each on an H200, and a search up to 10 of them.
+SEARCH_SECONDS = {"torch": 120.0, "jax": 420.0}
 
 
 def _torch_boom() -> None:
@@ -278,7 +297,7 @@ def row(
     gpu: bool,
     deadline: float,
     limit: str | None,
-    search_seconds: float = 300.0,
+    search_seconds: float | None = None,
     parts: tuple[str, ...] = ("measure", "search"),
 ) -> dict[str, Any]:
     """One mode in one framework: its measurement and its search (``parts``), each in a fresh process."""
@@ -298,16 +317,81 @@ def row(
         timeout = max(30.0, min(300.0, deadline - time.perf_counter()))
         measured = benchlib.run_child(script, {**spec, "kind": "measure"}, timeout, cpu_only=not gpu)
         if "error" in measured:
-            return {**out, "error": measured}
-        out.update({k: measured[k] for k in ("peak_bytes", "host_peak_bytes", "ms_per_sample")})
-        out["detail"] = {"peak_exact": measured["peak_exact"], "note": measured["note"]}
+            out["error"] = measured
+        else:
+            out.update({k: measured[k] for k in ("peak_bytes", "host_peak_bytes", "ms_per_sample")})
+            out["detail"] = {"peak_exact": measured["peak_exact"], "note": measured["note"]}
     if "search" not in parts:
         return out
-    timeout = max(30.0, min(search_seconds, deadline - time.perf_counter()))
-    searched = benchlib.run_child(script, {**spec, "kind": "search"}, timeout, cpu_only=not gpu)
-    out["largest_batch"] = searched.get("largest_batch")
+    allowed = SEARCH_SECONDS[framework] if search_seconds is None else search_seconds
+    left = deadline - time.perf_counter()
+    if left < allowed:
+        return {**out, **not_searched(left, allowed)}
+    searched = benchlib.run_child(script, {**spec, "kind": "search"}, allowed, cpu_only=not gpu)
     out["detail"]["search"] = searched
-    return out
+    return {**out, **search_outcome(searched, allowed)}
+
+
+def not_searched(left: float, allowed: float) -> dict[str, Any]:
+    """A row's search not started: the budget's ``left`` seconds no longer hold the ``allowed`` ones."""
+    return {
+        "largest_batch": None,
+        "search": f"not run: {left:.0f} s of the budget were left, and a search is given {allowed:.0f} s "
+        "(--search-seconds); run this mode alone, or give --budget more",
+    }
+
+
+def search_outcome(searched: dict[str, Any], allowed: float) -> dict[str, Any]:
+    """``largest_batch`` and ``search`` of a row from its search's process: ``"finished"``, or why
+    there is no answer, with what the search's progress lines show it saw before it was stopped."""
+    if "error" not in searched:
+        return {"largest_batch": searched.get("largest_batch"), "search": "finished"}
+    seen = progress_seen(searched.get("stderr") or "")
+    said = f"did not finish: {searched['error']}"
+    if seen["compile_seconds"]:
+        times = seen["compile_seconds"]
+        said += (
+            f", after {len(times)} compilation(s) of {min(times):.0f}-{max(times):.0f} s"
+            f" ({allowed:.0f} s given: --search-seconds)"
+        )
+    return {"largest_batch": None, "search": said, "search_seen": seen}
+
+
+_COMPILED = re.compile(r"find_batch_size\s+compiled\s+(\d+)\s.*?\s(\d+(?:\.\d+)?) s")
+_RAN = re.compile(r"find_batch_size\s+call \d+/\d+\s+(\d+)\s+fits")
+
+
+def progress_seen(stderr: str) -> dict[str, list[Any]]:
+    """What a search's progress lines (``progress=True``, on stderr) show: each compilation's size
+    and seconds, and the sizes that ran (``ran``)."""
+    compiled = [(int(m[1]), float(m[2])) for m in _COMPILED.finditer(stderr)]
+    return {
+        "compiled_sizes": [size for size, _ in compiled],
+        "compile_seconds": [seconds for _, seconds in compiled],
+        "ran": [int(m[1]) for m in _RAN.finditer(stderr)],
+    }
+
+
+def merge_rows(before: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``before``'s rows, each updated by this run's row of the same framework, mode and cap (its
+    figures over the earlier ones, ``detail`` merged), then this run's rows that matched none."""
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...] | None:
+        return None if "model" in r else (r.get("framework"), r.get("mode"), r.get("limit"))
+
+    fresh = {key(r): r for r in rows}
+    merged = []
+    for old in before:
+        new = fresh.pop(key(old), None) if key(old) is not None else None
+        if new is None:
+            merged.append(old)
+            continue
+        if new.get("skipped") or str(new.get("search", "")).startswith("not run"):
+            # not searched this time: an earlier answer and its outcome stand
+            new = {k: v for k, v in new.items() if k not in old or k not in ("largest_batch", "search", "skipped")}
+        detail = {**(old.get("detail") or {}), **(new.get("detail") or {})}
+        merged.append({**{k: v for k, v in old.items() if k != "skipped"}, **new, "detail": detail})
+    return merged + list(fresh.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,33 +402,49 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--budget", type=float, default=1500.0, help="seconds for everything; later rows skip")
-    parser.add_argument("--search-seconds", type=float, default=300.0, help="the most one search may take")
+    parser.add_argument("--search-seconds", type=float, default=None,
+                        help="the most one search may take (default: per framework, SEARCH_SECONDS)")  # fmt: skip
     parser.add_argument("--limit", default=None, help="a cap for each process on the GPU, e.g. 40GiB (default: none)")
     parser.add_argument("--parts", default="measure,search", help="measure, search or both (rows merged later)")
+    parser.add_argument("--merge", action="store_true", help="update the rows already in --out with this run's")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="modes at once, each its own process and cap (their rows say concurrent)")  # fmt: skip
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
         print(benchlib.RESULT_MARK + json.dumps(child(json.loads(args.child)), default=str), flush=True)
         return 0
+    if args.jobs < 1:
+        parser.error(f"--jobs: expected 1 or more modes at once, got {args.jobs}")
     deadline = time.perf_counter() + args.budget
     gpu = not args.cpu and benchlib.gpu_description() is not None
     result = benchlib.header("savers", args.machine, sys.argv)
-    result.update(mode="gpu" if gpu else "cpu", model=GPT2 if gpu else TINY, rows=[])
+    result.update(mode="gpu" if gpu else "cpu", model=GPT2 if gpu else TINY)
+    earlier = benchlib.earlier(args.out) if args.merge else None
     frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+    limit = args.limit if gpu else None
+    benchlib.add_source(result, earlier, f"{', '.join(frameworks)}: {', '.join(modes)} ({', '.join(parts)})")
+    rows: list[dict[str, Any]] = []
+    result["rows"] = [] if earlier is None else earlier.get("rows", [])
     # "none" and "full" in every framework first: when the budget runs out, the comparison stands.
     first = [m for m in modes if m in ("none", "full")]
     order = [(f, m) for f in frameworks for m in first] + [(f, m) for f in frameworks for m in modes if m not in first]
-    for framework, mode in order:
+
+    def one(framework: str, mode: str) -> dict[str, Any]:
         if deadline - time.perf_counter() < 30:
-            result["rows"].append({"framework": framework, "mode": mode, "skipped": "budget"})
-            continue
-        parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
-        limit = args.limit if gpu else None
-        result["rows"].append(row(framework, mode, gpu, deadline, limit, args.search_seconds, parts))
-        benchlib.write(result, args.out)  # saved as it goes: a run stopped early keeps its rows
-    benchlib.write(result, args.out)
-    return 0 if all("error" not in r for r in result["rows"]) else 1
+            skipped = {"framework": framework, "mode": mode, "limit": limit, "skipped": "budget"}
+            return {**skipped, **({"largest_batch": None, "search": "not run: budget"} if "search" in parts else {})}
+        done = row(framework, mode, gpu, deadline, limit, args.search_seconds, parts)
+        return done if args.jobs == 1 else {**done, "concurrent": args.jobs}
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for done in pool.map(one, *zip(*order, strict=True)) if order else []:
+            rows.append(done)
+            result["rows"] = rows if earlier is None else merge_rows(earlier.get("rows", []), rows)
+            benchlib.write(result, args.out)  # saved as it goes: a run stopped early keeps its rows
+    return 0 if all("error" not in r for r in rows) else 1
 
 
 if __name__ == "__main__":
