@@ -55,6 +55,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import benchlib  # noqa: E402
+from jax_adam import Adam, optax_or_none  # noqa: E402
 
 FRAMEWORKS = ("torch", "jax")
 MODES = ("none", "full", "matmuls", "offload")
@@ -145,13 +146,14 @@ def torch_model(cfg: dict[str, int], mode: str, gpu: bool) -> tuple[Callable[[in
 
 
 def jax_model(cfg: dict[str, int], mode: str, gpu: bool) -> tuple[Callable[[int], None], Callable[[int], Any]]:
-    """``(step(n), lower(n))``: one AdamW step (optax) of GPT-2, and its lowering for a size."""
+    """``(step(n), lower(n))``: one AdamW step (optax's, or ``Adam`` on a CPU without optax) of GPT-2,
+    and its lowering for a size."""
     import jax
     import jax.numpy as jnp
-    import optax
 
     import unimem
 
+    optax: Any = optax_or_none(gpu) or Adam  # on a CPU without optax: its AdamW in plain JAX
     d, heads, seq, vocab, layers = cfg["width"], cfg["heads"], cfg["seq"], cfg["vocab"], cfg["layers"]
     keys = iter(jax.random.split(jax.random.PRNGKey(0), 4 * layers + 2))
 
@@ -203,7 +205,7 @@ def jax_model(cfg: dict[str, int], mode: str, gpu: bool) -> tuple[Callable[[int]
         targets = jnp.roll(idx, -1, axis=1)
         return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
-    optimizer = optax.adamw(1e-4)
+    optimizer = optax.adamw(1e-4) if optax is not Adam else Adam(1e-4, 1e-4)
     state = {"params": params, "opt": optimizer.init(params)}
 
     @jax.jit

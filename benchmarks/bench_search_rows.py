@@ -78,6 +78,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import benchlib  # noqa: E402
 import search_rows_judge as judge  # noqa: E402
+from jax_adam import Adam, optax_or_none  # noqa: E402
 
 # Torch first: its failures cost milliseconds, JAX's seconds; the order the budget is spent in.
 MODELS: dict[str, dict[str, Any]] = {
@@ -272,7 +273,7 @@ def _flax_mlp(gpu: bool) -> JaxModel:
     import jax.numpy as jnp
 
     width, depth, classes = (1024, 8, 10) if gpu else (64, 3, 10)
-    losses = _optax(gpu) or _Adam
+    losses = optax_or_none(gpu) or Adam
     try:
         import flax.linen as nn
     except ImportError:
@@ -311,69 +312,16 @@ def _flax_mlp(gpu: bool) -> JaxModel:
 JAX_MODELS = {"jax-mlp": _jax_mlp, "jax-transformer": _jax_transformer, "flax-mlp": _flax_mlp}
 
 
-class _Adam:
-    """optax's ``adam``/``adamw`` where optax is not installed (the CPU machine): the same update in
-    plain JAX, and ``apply_updates``/``softmax_cross_entropy_with_integer_labels`` beside it."""
-
-    def __init__(self, rate: float, decay: float) -> None:
-        self.rate, self.decay = rate, decay
-
-    def init(self, params: Any) -> Any:
-        import jax
-        import jax.numpy as jnp
-
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        return zeros, zeros, jnp.zeros((), jnp.int32)
-
-    def update(self, grads: Any, state: Any, params: Any) -> tuple[Any, Any]:
-        import jax
-        import jax.numpy as jnp
-
-        m, v, count = state
-        count = count + 1
-        m = jax.tree.map(lambda a, g: 0.9 * a + 0.1 * g, m, grads)
-        v = jax.tree.map(lambda a, g: 0.999 * a + 0.001 * g * g, v, grads)
-        scale_m, scale_v = 1 - 0.9**count, 1 - 0.999**count
-        updates = jax.tree.map(
-            lambda a, b, p: -self.rate * ((a / scale_m) / (jnp.sqrt(b / scale_v) + 1e-8) + self.decay * p), m, v, params
-        )
-        return updates, (m, v, count)
-
-    @staticmethod
-    def apply_updates(params: Any, updates: Any) -> Any:
-        import jax
-
-        return jax.tree.map(lambda p, u: p + u, params, updates)
-
-    @staticmethod
-    def softmax_cross_entropy_with_integer_labels(logits: Any, labels: Any) -> Any:
-        import jax
-        import jax.numpy as jnp
-
-        return -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], axis=-1)[..., 0]
-
-
-def _optax(gpu: bool) -> Any:
-    """optax, or on the CPU where it is not installed, ``_Adam`` in its place."""
-    try:
-        import optax
-    except ImportError:
-        if gpu:
-            raise
-        return None
-    return optax
-
-
 def jax_model(name: str, gpu: bool, cap: int) -> Work:
     import jax
     import jax.numpy as jnp
 
     spec = JAX_MODELS[name](gpu)
     params, loss_fn = spec.params, spec.loss_fn
-    optax: Any = _optax(gpu)
+    optax: Any = optax_or_none(gpu)
     if optax is None:
-        optimizer: Any = _Adam(1e-3, 0.0) if spec.optimizer == "adam" else _Adam(1e-4, 1e-4)
-        optax, spec.implementation = _Adam, spec.implementation + ", Adam in plain JAX (optax is not installed here)"
+        optimizer: Any = Adam(1e-3, 0.0) if spec.optimizer == "adam" else Adam(1e-4, 1e-4)
+        optax, spec.implementation = Adam, spec.implementation + ", Adam in plain JAX (optax is not installed here)"
     else:
         optimizer = optax.adam(1e-3) if spec.optimizer == "adam" else optax.adamw(1e-4)
     state = {"params": params, "opt": optimizer.init(params)}
