@@ -161,3 +161,10 @@ def test_a_row_with_lower_is_held_to_each_of_its_targets(bench: ModuleType) -> N
     lines = judge.summary([{**row, "targets_met": judge.jax_targets({**row, "failed_calls": 1})}])
     assert any(line.startswith("targets: JAX with lower=") for line in lines)
     assert lines[-1].endswith("targets missed: failed_calls") and "98.0% of best_seen 1000" in lines[-1]
+
+
+def test_a_model_on_the_whole_device_runs_its_baselines_alone(bench: ModuleType) -> None:
+    # Capped models two at a time (caps well under the device); the whole-GPU Flax MLP alone.
+    waves = bench._waves(["torch-mlp", "flax-mlp", "jax-mlp", "torch-transformer"])
+    assert waves == [["torch-mlp", "jax-mlp"], ["torch-transformer"], ["flax-mlp"]]
+    assert bench._whole_device("flax-mlp") and not bench._whole_device("jax-mlp")
