@@ -410,7 +410,9 @@ def loop_truth(loop: str, start: int, gpu: bool, until: float) -> dict[str, Any]
     time; ``true_max`` once a size that runs sits beside one that does not, else None with the
     bracket so far (``low`` ran, ``high`` did not)."""
     began = time.monotonic()
-    low, high, odd, probes = 0, None, [], []
+    low, high = 0, None
+    odd: list[int] = []
+    probes: list[list[Any]] = []
     sizes, last = next_sizes(0, None, start), 0.0
     while sizes and (not probes or time.monotonic() + last < until):
         t0 = time.monotonic()

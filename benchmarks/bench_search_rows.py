@@ -39,16 +39,18 @@ is left, above it (grown by 1/0.95 until a size does not run, then bisected).
 ``best_seen`` (JAX rows): the largest size seen running at full speed in any process of this run
 on that model and configuration -- both searches' calls that ran (with and without ``lower=``),
 the answer's ten steps, the in-process probes, the fresh probes and the baselines' calls -- and
-never below ``SEEN_ON_H200`` on an H200 (sizes an earlier run saw running: what fits in a growing
-pool depends on its history, so one run can miss a size that runs). The rows of one model share
-it (computed once all of them ran); ``share_best_seen`` is ``found / best_seen``, and
-``targets_met`` holds the row against ``TARGETS`` (the summary prints both).
+never below ``search_rows_judge.SEEN_ON_H200`` on an H200 (sizes an earlier run saw running, the
+result's ``best_seen_floors``: what fits in a growing pool depends on its history, so one run can
+miss a size that runs). The rows of one model share it (computed once all of them ran);
+``share_best_seen`` is ``found / best_seen``, and ``targets_met`` holds the row against
+``search_rows_judge.TARGETS`` (the summary prints both).
 
 Baselines, replayed in code on the same models (accelerate recognises only torch's OOM
 messages; both are replayed so that they call the very step unimem's search calls): accelerate's
 ``find_executable_batch_size`` (from a high start, x0.9 on each OOM) and Lightning's ``power``
 and ``binsearch`` scaling (from 2, at most 25 trials, one step per trial), each with a wall
-budget; a JAX failure costs seconds, so those that run out of it say so (``gave_up``).
+budget; a JAX failure costs seconds, so those that run out of it say so (``gave_up``). Two capped
+models' baselines run at once (``concurrent``); the whole-GPU model's run alone, one after another.
 
     python benchmarks/bench_search_rows.py --out benchmarks/results/search-gpu-h200.json --machine LABEL
     python benchmarks/bench_search_rows.py --models flax-mlp,jax-mlp,jax-transformer --no-baselines --out rows.json

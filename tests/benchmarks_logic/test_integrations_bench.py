@@ -3,15 +3,15 @@ its own loop, found in fresh processes from the finders' answers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import pytest
+from benchmark_modules import load
 
 
 @pytest.fixture(scope="module")
-def bench(load: Callable[[str], ModuleType]) -> ModuleType:
+def bench() -> ModuleType:
     return load("bench_integrations")
 
 

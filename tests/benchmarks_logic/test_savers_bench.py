@@ -7,12 +7,12 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from benchmark_modules import load
 
 # The progress lines of a JAX GPT-2 search (matmuls, whole H200) stopped at 100 s: 20-31 s a compilation.
 STOPPED = (
@@ -25,7 +25,7 @@ STOPPED = (
 
 
 @pytest.fixture(scope="module")
-def bench(load: Callable[[str], ModuleType]) -> ModuleType:
+def bench() -> ModuleType:
     return load("bench_savers")
 
 
