@@ -22,7 +22,8 @@ it was not started because the budget no longer held its time (a search is start
 all of it: one cut short answers nothing).
 
 A search is given ``--search-seconds``, by default ``SEARCH_SECONDS`` for its framework: JAX's
-GPT-2 compiles each size it tries (20-31 s a compilation on an H200, 5 to 10 of them a search).
+GPT-2 compiles each size it tries, tens of seconds a compilation and up to ten of them a search
+(docs/measurements.md has the figures).
 
     python benchmarks/bench_savers.py --out benchmarks/results/savers-gpu-h200.json --machine LABEL [--limit 40GiB]
     python benchmarks/bench_savers.py --frameworks jax --modes matmuls --parts search --limit 40GiB --merge \
@@ -66,7 +67,7 @@ GPU_BATCH, CPU_BATCH = 8, 2
 CPU_CAP = 12  # the simulated largest batch on the CPU
 WARMUP, TIMED = 2, 5
 # Seconds one search is given (a fresh process: start, warm-up, search). JAX compiles every size it
-# tries: GPT-2's compilations took 20-31 s each on an H200, and a search up to 10 of them.
+# tries, GPT-2 for tens of seconds each, up to ten a search: a JAX search is given ten long ones.
 SEARCH_SECONDS = {"torch": 120.0, "jax": 420.0}
 
 
