@@ -145,7 +145,8 @@ def test_rows_format_known_figures():
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(None, "n/a"), (0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536 * MIB, "1.50 GiB"), (-2048, "-2.00 KiB")],
+    [(None, "n/a"), (0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536 * MIB, "1.50 GiB"), (-2048, "-2.00 KiB")]
+    + [(1 << 58, "256.00 PiB"), (3 << 60, "3.00 EiB"), (1 << 70, "1024.00 EiB")],
 )
 def test_format_bytes(value, text):
     assert format_bytes(value) == text

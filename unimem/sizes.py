@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from unimem.errors import ConfigError
 
-__all__ = ["counted", "format_bytes", "parse_size"]
+__all__ = ["counted", "exact_bytes", "format_bytes", "parse_size"]
 
 # Decimal units are powers of 1000, binary units powers of 1024, as the SI/IEC
 # prefixes say; a bare "G" is read as GiB because that is what GPU tools print.
@@ -28,6 +28,8 @@ _UNITS: dict[str, int] = {
     "tb": 1000**4,
     "tib": 1024**4,
 }
+# What format_bytes prints in: a request as absurd as 2**58 bytes (256 PiB) still reads as one.
+_FORMAT_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -97,18 +99,25 @@ def format_bytes(value: int | None) -> str:
         value: Bytes (a negative count keeps its sign), or None for an unknown figure.
 
     Returns:
-        ``"100 B"`` below 1 KiB, else two decimals in the largest unit up to TiB
-        (``"1.50 GiB"``); ``"n/a"`` for None.
+        ``"100 B"`` below 1 KiB, else two decimals in the largest unit up to EiB
+        (``"1.50 GiB"``, ``"256.00 PiB"``); ``"n/a"`` for None.
     """
     if value is None:
         return "n/a"
     magnitude = float(abs(value))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if magnitude < 1024 or unit == "TiB":
+    for unit in _FORMAT_UNITS:
+        if magnitude < 1024 or unit == _FORMAT_UNITS[-1]:
             sign = "-" if value < 0 else ""
             return f"{sign}{magnitude:.0f} {unit}" if unit == "B" else f"{sign}{magnitude:.2f} {unit}"
         magnitude /= 1024
     raise AssertionError("unreachable")
+
+
+def exact_bytes(value: int) -> str:
+    """A size for people with its exact count, where rounding could hide it: ``'7.45 GiB (8000000000 B)'``;
+    ``'100 B'`` below 1 KiB, where the two are one."""
+    shown = format_bytes(value)
+    return shown if shown.endswith(" B") else f"{shown} ({value} B)"
 
 
 def counted(count: int, noun: str) -> str:

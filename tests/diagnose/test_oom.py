@@ -493,6 +493,17 @@ def test_a_request_larger_than_everything_ranks_first() -> None:
     assert _kinds(requested=200 * GiB)[0] == "too-large"
 
 
+def test_a_request_of_petabytes_reads_in_petabytes() -> None:
+    """The CPU's OOM asks for 2**58 bytes: 256 PiB, not 262144 TiB."""
+    args: dict[str, Any] = {"framework": "torch", "capacity": 24 * GiB, "snapshot": None, "frag": None, "live": []}
+    args.update(pools=[], batch_size=None, precision=(None, "unknown"), place="cpu")
+    too_large = _suggest(requested=1 << 58, **args)[0]
+    report = OOMReport("torch", 0, "cpu", "RuntimeError", "no room", requested_bytes=1 << 58, suggestions=(too_large,))
+    text = str(report)
+    assert "asking for 256.00 PiB" in text and "TiB" not in text
+    assert too_large.kind == "too-large" and "256.00 PiB" in too_large.why
+
+
 def test_smaller_batch_keeps_the_global_batch() -> None:
     suggestions = _suggest("torch", 4 * GiB, 32 * GiB, _gpu_stats(), None, [], [], 64, (None, "?"), "cuda:0")
     smaller = next(s for s in suggestions if s.kind == "smaller-batch")
