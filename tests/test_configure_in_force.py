@@ -122,7 +122,7 @@ def test_a_share_spread_over_every_installed_framework_is_for_whichever_one_is_u
 def test_tensorflow_growth_beside_a_cap_from_an_earlier_call_is_refused_either_way():
     unimem.configure(backend="tf", limit="1GiB")
     error = refused("growth", backend="tf", growth=True)
-    assert "limit=1073741824" in str(error) and "earlier" in str(error)
+    assert "limit=1.00 GiB (1073741824 B)" in str(error) and "earlier" in str(error)
     assert "TF_FORCE_GPU_ALLOW_GROWTH" not in os.environ
 
 
@@ -336,3 +336,13 @@ def test_a_spread_setting_a_later_call_made_is_not_warned_of(pyjson, need):
     need("jax")
     out = pyjson(_SPREAD.replace("LATER", 'unimem.configure(backend="jax", allocator="async")'))
     assert out["at_import"] == []
+
+
+def test_a_limit_prints_in_binary_units_with_its_exact_bytes():
+    applied = quietly(backend="torch", limit=8_000_000_000)
+    [row] = [line for line in str(applied).splitlines() if line.startswith("torch")]
+    assert row.split()[:6] == ["torch", "limit", "7.45", "GiB", "(8000000000", "B)"]
+    assert applied.actions[0].value == 8_000_000_000 and applied.as_dict()["actions"][0]["value"] == 8_000_000_000
+    assert "7.45 GiB (8000000000 B)" in str(unimem.configuration())
+    with pytest.warns(unimem.UnimemWarning, match=r"fraction=0\.5 replaces limit=7\.45 GiB \(8000000000 B\)"):
+        unimem.configure(backend="torch", fraction=0.5)

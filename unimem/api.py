@@ -130,6 +130,7 @@ def configure(
         pins = ranks.pin_steps(request.backends, settings, devices=devices, spread=spread)  # may split a fraction
         in_force.check_call(request.backends, settings, spread=spread)  # against earlier calls
         plans = pins + _plan(request.backends, settings, spread=spread)
+        in_force.mark_repeats(plans)  # asked again as it is in force: unchanged, never too late
         in_force.check_combined(request.backends, settings)
         ranks.check_pins_kept(plans)
         _explain_defaults(plans, defaulted)

@@ -6,7 +6,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Action", "Applied", "action_table"]
+from unimem.sizes import exact_bytes
+
+__all__ = ["Action", "Applied", "action_table", "show_value"]
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,7 @@ def action_table(actions: tuple[Action, ...] | list[Action]) -> str:
         (
             a.backend,
             a.setting,
-            _show(a.value),
+            show_value(a.setting, a.value),
             a.status,
             f"{a.method}: {a.target}" + _remarks(a),
         )
@@ -162,7 +164,11 @@ def _remarks(action: Action) -> str:
     return f"  ({'; '.join(remarks)})" if remarks else ""
 
 
-def _show(value: Any) -> str:
+def show_value(setting: str, value: Any) -> str:
+    """A setting's value for people: a limit in binary units with its exact bytes
+    (``7.45 GiB (8000000000 B)``), a share as ``0.25``, anything else as ``str()``."""
+    if setting == "limit" and isinstance(value, int) and not isinstance(value, bool):
+        return exact_bytes(value)
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)

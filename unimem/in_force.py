@@ -8,6 +8,7 @@ settings, not as one of them. The rules a user sees: docs/guides/configure.md#ca
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -15,9 +16,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from unimem import device_view, registry
-from unimem.applied import Action, action_table
+from unimem.applied import Action, action_table, show_value
 from unimem.config import Settings
 from unimem.errors import BackendUnavailable, ConfigError, UnimemWarning
+from unimem.support import Phase
 
 if TYPE_CHECKING:
     from unimem.backends.steps import Step
@@ -45,7 +47,7 @@ class _Entry:
         return self.actions[0].value
 
     def shown(self) -> str:
-        return f"{self.setting}={_show(self.value)}"
+        return f"{self.setting}={show_value(self.setting, self.value)}"
 
 
 # backend -> (the adapter that made the changes, setting -> entry). A record belongs to the
@@ -57,10 +59,6 @@ _lock = threading.RLock()
 
 def _key(setting: str) -> str:
     return "cap" if setting in _CAP else setting
-
-
-def _show(value: object) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _message(exc: ConfigError) -> str:
@@ -185,7 +183,7 @@ def _check_combined(name: str, new: Settings) -> None:
         backend.check(merged)
     except ConfigError as exc:
         given = list(new.given())
-        kept = ", ".join(f"{k}={_show(v)}" for k, v in merged.given().items() if k not in given)
+        kept = ", ".join(f"{k}={show_value(k, v)}" for k, v in merged.given().items() if k not in given)
         raise ConfigError(
             exc.parameter if exc.parameter in given else given[0],
             f"{_message(exc)} ({name} keeps {kept} from an earlier configure() call, which this call does not replace)",
@@ -287,6 +285,33 @@ def mark_no_device(plans: list[Step]) -> str:
     return ""
 
 
+def mark_repeats(plans: list[Step]) -> None:
+    """A setting asked for again with the value a call already put in force is ``unchanged``:
+    nothing is done, and nothing is too late (calling ``configure`` twice alike is a no-op).
+
+    Only steps that do not read the world themselves: a variable's step compares the variable
+    (the user may have changed it since), and a call made now compares the framework's state.
+    What is left is a hook waiting for the framework to start, a step with nothing to do (torch's
+    growth, its default), and a step too late now whose value the framework already took.
+    """
+    with _lock:
+        for step in plans:
+            waiting = step.status == "pending" and step.method == "hook"
+            repeat = step.too_late is not None or waiting or (step.status == "applied" and step.method == "none")
+            if not repeat or step.method == "env" or step.unsupported or not registry.is_framework(step.backend):
+                continue
+            entry = _entries(step.backend).get(_key(step.setting))
+            if entry is None or (entry.setting, _plain(entry.value)) != (step.setting, _plain(step.value)):
+                continue
+            step.status, step.too_late = "unchanged", None
+            step.note = "; ".join(n for n in (step.note, "in force from an earlier configure() call") if n)
+
+
+def _plain(value: object) -> object:
+    """A value as compared across calls: devices as a list, whether a step holds a list or a tuple."""
+    return list(value) if isinstance(value, tuple) else value
+
+
 def record(actions: list[Action], *, tentative: bool, pinned: int = 0) -> list[Action]:
     """Put the call's actions in force; each that replaces an earlier setting says so (and warns).
 
@@ -311,17 +336,22 @@ def record(actions: list[Action], *, tentative: bool, pinned: int = 0) -> list[A
             entries = _entries(name)
             previous = entries.get(key)
             new = group[0]
-            if previous is not None and (previous.setting, previous.value) != (new.setting, new.value):
+            same = previous is not None and (previous.setting, previous.value) == (new.setting, new.value)
+            if previous is not None and not same:
                 replaced = previous.shown()
+                shown = f"{new.setting}={show_value(new.setting, new.value)}"
                 warnings.warn(
-                    f"{name}: {new.setting}={_show(new.value)} replaces {replaced} from an earlier configure() call",
-                    UnimemWarning,
-                    stacklevel=3,
+                    f"{name}: {shown} replaces {replaced} from an earlier configure() call", UnimemWarning, stacklevel=3
                 )
                 for i in indices:
                     result[i] = dataclasses.replace(actions[i], replaced=replaced)
             if name not in _records:
                 _records[name] = (registry.get_backend(name), entries)
+            kept = [a for a in group if a.status != "skipped"]
+            if same and previous is not None and all(a.status == "unchanged" for a in kept):
+                # Asked again as it is: the actions that made it stay (configuration() says how it was made).
+                entries[key] = dataclasses.replace(previous, tentative=tentative, pinned=indices[0] < pinned)
+                continue
             entries[key] = _Entry(tuple(result[i] for i in indices), tentative, pinned=indices[0] < pinned)
     return result
 
@@ -344,7 +374,8 @@ class BackendConfiguration:
         allocator (str | None): ``"default"``, ``"async"``, ``"expandable"`` or ``"uncached"``.
         devices (tuple[int, ...] | None): The device indices the framework may see.
         pin (int | None): Under a launcher, the device this rank is pinned to, among those the launcher made visible.
-        actions (tuple[Action, ...]): How each setting was made, as the call that made it reported it.
+        actions (tuple[Action, ...]): How each setting was made, as the call that made it reported it; a
+            ``pending`` one reads ``applied`` once the framework has started its device runtime.
         phase (str): How far the framework has got now: ``"not imported"``, ``"imported, device not started"``, ...
     """
 
@@ -448,8 +479,28 @@ def configuration() -> Configuration:
             if not entries:
                 continue
             settings = settings_in_force(name)
-            actions = tuple(a for entry in entries.values() for a in entry.actions)
-            phase = registry.get_backend(name).phase().describe()
+            phase = registry.get_backend(name).phase()
+            actions = tuple(_as_of_now(a, phase) for entry in entries.values() for a in entry.actions)
             pin = pin_in_force(name)
-            backends[name] = BackendConfiguration(name, **settings.given(), pin=pin, actions=actions, phase=phase)
+            backends[name] = BackendConfiguration(
+                name, **settings.given(), pin=pin, actions=actions, phase=phase.describe()
+            )
     return Configuration(backends)
+
+
+def _as_of_now(action: Action, phase: Phase) -> Action:
+    """An action as it stands now: a ``pending`` one is ``applied`` once the framework has started
+    its device runtime, the moment every pending setting is read or made. A variable changed since
+    the call keeps its status, with a note: what the framework read is not known here."""
+    if action.status != "pending" or phase is not Phase.INITIALIZED:
+        return action
+    if action.method == "env":
+        var, _, value = action.target.removeprefix("unset ").partition("=")
+        wanted = None if action.target.startswith("unset ") else value
+        held = os.environ.get(var)
+        if held != wanted:
+            now = "unset" if held is None else f"{held!r}"
+            changed = f"{var} is {now} now, changed after configure(): what {action.backend} read is unknown"
+            return dataclasses.replace(action, note="; ".join(n for n in (action.note, changed) if n))
+    started = f"in force since {action.backend} started its device runtime"
+    return dataclasses.replace(action, status="applied", note="; ".join(n for n in (action.note, started) if n))

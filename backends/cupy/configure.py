@@ -37,6 +37,7 @@ from unimem.backends.steps import (
 from unimem.config import Settings
 from unimem.errors import ConfigError
 from unimem.import_hooks import when_imported
+from unimem.sizes import exact_bytes
 from unimem.support import Phase, When
 
 from ._pools import ASYNC, POOL, RAW, driver_initialised
@@ -316,7 +317,9 @@ def _cap(settings: Settings, state: State) -> list[Step]:
 
 def _check_limit(limit: int, total: int | None) -> int:
     if total is not None and limit > total:
-        raise ConfigError("limit", f"{limit} bytes is more than the device's {total} bytes; pass a smaller limit")
+        raise ConfigError(
+            "limit", f"{exact_bytes(limit)} is more than the device's {exact_bytes(total)}; pass a smaller limit"
+        )
     return limit
 
 

@@ -17,6 +17,7 @@ from unimem.backends.steps import STATUS_NO_DEVICE, Step, devices_step, env_step
 
 from unimem.config import Settings
 from unimem.errors import ConfigError
+from unimem.sizes import exact_bytes
 from unimem.support import Phase, When
 
 __all__ = [
@@ -85,7 +86,7 @@ def plan(settings: Settings, phase: Phase) -> list[Step]:
     if settings.devices is not None:
         steps.append(devices_step("jax", settings.devices, phase=phase, when=When.BEFORE_INIT, fix=FIX))
     if settings.fraction is not None or settings.limit is not None:
-        steps.extend(_cap(settings, env))
+        steps.extend(_cap(settings, env, phase))
     if settings.growth is not None:
         steps.append(env("growth", settings.growth, PREALLOCATE, "false" if settings.growth else "true"))
     if settings.allocator is not None:
@@ -149,7 +150,7 @@ def check_environment(written: set[str]) -> None:
         )
 
 
-def _cap(settings: Settings, env: Callable[..., Step]) -> list[Step]:
+def _cap(settings: Settings, env: Callable[..., Step], phase: Phase) -> list[Step]:
     var = fraction_variable()
     other = FRACTION_OLD if var == FRACTION_NEW else FRACTION_NEW
     if settings.fraction is not None:
@@ -161,6 +162,9 @@ def _cap(settings: Settings, env: Callable[..., Step]) -> list[Step]:
         total = nvml_gate.device_figures(0)[0]
         if total is None:
             if not _cuda_plugin_installed():
+                if phase is Phase.INITIALIZED:  # started: too late, as a fraction is (one rule, GPU or not)
+                    late = f"JAX has already started its backend and reads {var} only then; {FIX}"
+                    return [Step("jax", "limit", value, "env", var, too_late=late, when=When.BEFORE_INIT)]
                 return [
                     Step(
                         "jax",
@@ -179,7 +183,7 @@ def _cap(settings: Settings, env: Callable[..., Step]) -> list[Step]:
                 "or install nvidia-ml-py",
             )
         if settings.limit > total:
-            raise ConfigError("limit", f"{settings.limit} bytes is more than the device's {total} bytes")
+            raise ConfigError("limit", f"{exact_bytes(settings.limit)} is more than the device's {exact_bytes(total)}")
         fraction = settings.limit / total
         note = f"{settings.limit} / {total} bytes (NVML device total)"
     steps = [env(setting, value, var, f"{fraction:.6g}", note)]

@@ -122,7 +122,11 @@ def check_environment(written: set[str]) -> None:
         )
 
 
-def _no_gpu(setting: str, value: object, target: str) -> Step:
+def _no_gpu(setting: str, value: object, target: str, phase: Phase) -> Step:
+    """Nothing to act on while TensorFlow has not started; once it has, its devices are fixed, so a
+    change is too late as on a GPU (one rule whatever the host: the fix is the same)."""
+    if phase is Phase.INITIALIZED:
+        return Step("tensorflow", setting, value, "api", target, too_late=_LATE)
     return Step(
         "tensorflow",
         setting,
@@ -141,7 +145,7 @@ def _devices(devices: tuple[int, ...], phase: Phase) -> Step:
     target = "tf.config.set_visible_devices(gpus, 'GPU')"
     gpus = _gpus()
     if not gpus:
-        return _no_gpu("devices", list(devices), target)
+        return _no_gpu("devices", list(devices), target, phase)
     missing = [d for d in devices if d >= len(gpus)]
     if missing:
         raise ConfigError("devices", f"TensorFlow sees {len(gpus)} GPU(s); there is no GPU {missing[0]}")
@@ -176,7 +180,7 @@ def _growth(growth: bool, phase: Phase) -> Step:
     target = f"tf.config.experimental.set_memory_growth(gpu, {growth})"
     gpus = _gpus()
     if not gpus:
-        return _no_gpu("growth", growth, target)
+        return _no_gpu("growth", growth, target, phase)
     current = [bool(tf.config.experimental.get_memory_growth(gpu)) for gpu in gpus]
     if all(c == growth for c in current):
         return Step("tensorflow", "growth", growth, "api", target, status=STATUS_UNCHANGED)
@@ -231,7 +235,7 @@ def _cap(settings: Settings, phase: Phase, limits: dict[int, int]) -> Step:
     tf = sys.modules["tensorflow"]
     gpus = _gpus()
     if not gpus:
-        return _no_gpu(setting, value, target)
+        return _no_gpu(setting, value, target, phase)
     limits = _memory_limits(settings, len(gpus))
     current = [tf.config.get_logical_device_configuration(gpu) for gpu in gpus]
     same = all(

@@ -31,6 +31,7 @@ from unimem.backends.steps import (
 from unimem.config import Settings
 from unimem.errors import ConfigError
 from unimem.import_hooks import when_imported
+from unimem.sizes import exact_bytes
 from unimem.support import Phase, When
 
 __all__ = [
@@ -359,15 +360,21 @@ def _allocator_after_init(allocator: str, var: str) -> Step:
 
 
 def _backend_fixed_at_import(allocator: str, var: str) -> Step | None:
-    """torch picks its allocator backend (native or cudaMallocAsync) when it is imported;
-    the other allocator keys are read at CUDA init. A backend set after the import makes
-    the first CUDA call fail ("Allocator backend parsed at runtime != allocator backend
-    parsed at load time"; the GPU suite's allocator test shows it)."""
+    """torch picks its allocator backend (native or cudaMallocAsync) when it is imported: the CUDA
+    library's static initialiser reads ``backend:`` from the conf variable as it loads, and the
+    other allocator keys are read at CUDA init. A backend set after the import makes the first
+    CUDA call fail ("Allocator backend parsed at runtime != allocator backend parsed at load
+    time"; the GPU suite's allocator test shows it), so a different one is too late.
+
+    A build without CUDA (torch's CPU wheel) has no allocator backend to ask: the one it was
+    imported with is what the variables said, and the rule is the same, so that a script moved
+    to a GPU machine fails the same way it did on a laptop.
+    """
     torch = sys.modules["torch"]
     try:
         loaded = torch.cuda.get_allocator_backend()  # names the import-time choice; starts no CUDA
     except (AttributeError, RuntimeError):  # a CPU-only build has no CUDA allocator
-        return None
+        loaded = _conf_backend()
     wanted = "cudaMallocAsync" if allocator == "async" else "native"
     if loaded == wanted:
         return None
@@ -386,6 +393,19 @@ def _backend_fixed_at_import(allocator: str, var: str) -> Step | None:
     )
 
 
+def _conf_backend() -> str:
+    """The allocator backend the conf variables name (``native`` when none does)."""
+    for name in CONF_VARS:
+        try:
+            entries = _conf_entries(os.environ.get(name, ""))
+        except ValueError:
+            continue  # check_environment names a malformed conf
+        for key, value in entries:
+            if key == "backend" and value == ["cudaMallocAsync"]:
+                return "cudaMallocAsync"
+    return "native"
+
+
 def allowance_fraction(settings: Settings, total: int) -> float:
     if settings.fraction is not None:
         return settings.fraction
@@ -393,7 +413,7 @@ def allowance_fraction(settings: Settings, total: int) -> float:
     if settings.limit > total:
         raise ConfigError(
             "limit",
-            f"{settings.limit} bytes is more than the device's {total} bytes; pass a smaller limit",
+            f"{exact_bytes(settings.limit)} is more than the device's {exact_bytes(total)}; pass a smaller limit",
         )
     return settings.limit / total
 

@@ -343,6 +343,7 @@ def test_limit_above_the_device_after_init_is_a_config_error(fake_torch):
     with pytest.raises(unimem.ConfigError) as info:
         unimem.configure(backend="torch", limit="17GiB")
     assert info.value.parameter == "limit"
+    assert "17.00 GiB (18253611008 B) is more than the device's 16.00 GiB (17179869184 B)" in str(info.value)
     assert cuda.calls == []
 
 
