@@ -71,6 +71,44 @@ def test_a_garbled_rank_variable_is_named():
     assert caught.value.parameter == "LOCAL_RANK"
 
 
+@pytest.mark.parametrize(
+    ("env", "parameter", "size_var"),
+    [
+        ({"RANK": "5", "WORLD_SIZE": "2"}, "RANK", "WORLD_SIZE"),  # no launcher: torch.distributed reads them
+        ({"RANK": "5", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "RANK", "WORLD_SIZE"),
+        ({**TORCHRUN, "RANK": "4"}, "RANK", "WORLD_SIZE"),  # the last rank of 4 is 3
+        ({**TORCHRUN, "LOCAL_RANK": "2"}, "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+        ({**OPEN_MPI, "OMPI_COMM_WORLD_RANK": "8"}, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ({"PMI_RANK": "2", "PMI_SIZE": "2"}, "PMI_RANK", "PMI_SIZE"),
+        ({**SLURM_ONE_GPU_PER_TASK, "SLURM_PROCID": "9"}, "SLURM_PROCID", "SLURM_NTASKS"),
+        ({"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "0"}, "RANK", "WORLD_SIZE"),
+    ],
+)
+def test_a_rank_outside_its_world_is_a_config_error_naming_both_variables(env, parameter, size_var):
+    with pytest.raises(ConfigError) as caught:
+        ranks.rank_info(env, runtime=False)
+    assert caught.value.parameter == parameter
+    assert size_var in str(caught.value) and "fix or unset" in str(caught.value)
+
+
+def test_the_last_rank_of_a_world_is_inside_it():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    info = ranks.rank_info(env, runtime=False)
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size) == (1, 2, 1, 2)
+    assert ranks.rank_info({"RANK": "1", "WORLD_SIZE": "2"}, runtime=False) == unimem.RankInfo()
+
+
+def test_configure_under_a_rank_outside_its_world_changes_nothing(monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    before = dict(os.environ)
+    with pytest.raises(ConfigError) as caught:
+        unimem.configure(backend="torch", fraction=0.5)
+    assert caught.value.parameter == "RANK"
+    assert dict(os.environ) == before and len(unimem.configuration()) == 0
+
+
 def test_each_rank_writes_its_own_file_with_its_rank_in_the_metadata():
     assert str(ranks.rank_path("out/memory.json", TORCHRUN)) == os.path.join("out", "memory.rank3.json")
     meta = ranks.metadata(TORCHRUN)

@@ -159,6 +159,50 @@ def _from_env(env: Mapping[str, str]) -> RankInfo | None:
     return None
 
 
+def _variables(env: Mapping[str, str], launcher: str) -> tuple[str, str, str, str]:
+    """The variables ``launcher``'s rank, world size, local rank and processes per node came from."""
+    if launcher in ("torchrun", "launcher"):
+        return "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
+    if launcher == "slurm":
+        world = "SLURM_STEP_NUM_TASKS" if _int(env, "SLURM_STEP_NUM_TASKS") is not None else "SLURM_NTASKS"
+        per_node = next(
+            (name for name in ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE") if env.get(name)),
+            "SLURM_TASKS_PER_NODE",
+        )
+        return "SLURM_PROCID", world, "SLURM_LOCALID", per_node
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return (
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+        )
+    return "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"
+
+
+def _check_within(info: RankInfo, names: tuple[str, str, str, str]) -> None:
+    """A rank counts from 0 to the world size less one, and a local rank likewise on its node: a rank
+    outside its world is a launcher's variables disagreeing, which would hang or misplace the job.
+
+    Raises:
+        ConfigError: Naming the rank's variable, with the world's.
+    """
+    rank_var, world_var, local_var, node_var = names
+    for index, size, index_var, size_var in (
+        (info.rank, info.world_size, rank_var, world_var),
+        (info.local_rank, info.local_world_size, local_var, node_var),
+    ):
+        if index is None or size is None or index < size:
+            continue
+        span = "leaves no rank" if size == 0 else f"counts ranks 0 to {size - 1}"
+        raise ConfigError(
+            index_var,
+            f"{index_var}={index} is outside the world: {size_var}={size} {span}; the launcher's variables "
+            f"disagree: fix or unset {index_var} and {size_var}, or start the script with its launcher "
+            "(torchrun, mpirun, srun), which sets them",
+        )
+
+
 def rank_info(environ: Mapping[str, str] | None = None, *, runtime: bool = True) -> RankInfo:
     """This process's rank, node and local rank, from its launcher's environment; starts and imports nothing.
 
@@ -172,7 +216,8 @@ def rank_info(environ: Mapping[str, str] | None = None, *, runtime: bool = True)
         The figures found; every one None (``launcher="none"``) in a single process.
 
     Raises:
-        ConfigError: A rank variable is not a whole number of 0 or more (``exc.parameter`` names it).
+        ConfigError: A rank variable is not a whole number of 0 or more, or a rank is outside its world
+            (``RANK=5`` with ``WORLD_SIZE=2``): ``exc.parameter`` names the variable.
 
     Example:
         ```python
@@ -184,7 +229,10 @@ def rank_info(environ: Mapping[str, str] | None = None, *, runtime: bool = True)
     env = os.environ if environ is None else environ
     found = _from_env(env)
     if found is not None:
+        _check_within(found, _variables(env, found.launcher))
         return found
+    # No launcher found: torch.distributed's env:// start still reads these two.
+    _check_within(RankInfo(rank=_int(env, "RANK"), world_size=_int(env, "WORLD_SIZE")), _variables(env, "torchrun"))
     if runtime:
         for name in registry.imported_frameworks():
             store = registry.get_backend(name).distributed.distributed_store()
