@@ -38,7 +38,7 @@ def rank_main(rank, port, queue):
                        "TORCHELASTIC_RUN_ID": "test"})
     dist.init_process_group("gloo")
     held = torch.ones((rank + 1) * 48 * 2**20, dtype=torch.uint8)  # resident: (rank + 1) x 48 MiB
-    known = unimem.MemoryStats("torch", 0, allocated=(rank + 1) * 1000, peak_allocated=(rank + 1) * 2000)
+    known = unimem.MemoryStats("torch", 0, allocated=(rank + 1) * 1000, peak_allocated=(rank + 1) * 200 * 2**20)
     measured = unimem.cluster_stats(timeout=60)
     given = unimem.cluster_stats(snapshot=known, timeout=60)
     me = unimem.rank_info()
@@ -87,7 +87,7 @@ def test_the_view_gathers_every_rank_under_the_right_rank(torch_run):
             assert answer["rank"] == rank and answer["figures"]["allocated"] == (rank + 1) * 1000
             assert (answer["local_rank"], answer["node"]) == (rank % 2, rank // 2)
         assert (view["min"]["allocated"], view["max"]["allocated"], view["mean"]["allocated"]) == (1000, 4000, 2500)
-        assert view["outlier"] == {"rank": 3, "figure": "peak_allocated", "value": 8000, "mean": 5000.0}
+        assert view["outlier"] == {"rank": 3, "figure": "peak_allocated", "value": 800 * MiB, "mean": 500.0 * MiB}
     table = torch_run[0]["table"]
     assert "outlier: rank 3" in table and "mean" in table
 
@@ -100,9 +100,8 @@ def test_measured_host_memory_differs_by_rank_as_allocated(torch_run):
         pytest.skip("MemoryStats has no host_rss figure here")
     steps = [later - earlier for earlier, later in zip(rss, rss[1:], strict=False)]
     assert all(step > 24 * MiB for step in steps), rss  # each rank holds 48 MiB more than the one before
-    assert (
-        torch_run[1]["measured"]["outlier"]["rank"] == 3 or torch_run[1]["measured"]["outlier"]["figure"] != "host_rss"
-    )
+    outlier = torch_run[1]["measured"]["outlier"]  # 72 MiB above the mean: named when that is 10% of it
+    assert outlier is None or outlier["rank"] == 3 or outlier["figure"] != "host_rss"
 
 
 @pytest.mark.covers("torch:ranks.cluster")
@@ -122,7 +121,7 @@ import unimem
 rank = int(os.environ["RANK_UNDER_TEST"])
 jax.distributed.initialize(coordinator_address="127.0.0.1:" + os.environ["PORT"], num_processes=2, process_id=rank)
 me = unimem.rank_info()
-known = unimem.MemoryStats("jax", 0, allocated=(rank + 1) * 3000)
+known = unimem.MemoryStats("jax", 0, allocated=(rank + 1) * 300 * 2**20)
 for _ in range(3):  # the third call replaces the first's key
     view = unimem.cluster_stats(snapshot=known, timeout=60)
 out = {"rank": rank, "info": [me.rank, me.world_size, me.launcher], "view": view.as_dict()}
@@ -146,7 +145,7 @@ def test_jax_multiprocess_runtime_gathers_and_a_lone_rank_returns():
         assert result["info"] == [rank, 2, "jax runtime"]  # read from jax.distributed, no launcher variables
         view = result["view"]
         assert view["transport"] == "jax runtime" and view["missing"] == []
-        assert [view["per_rank"][str(r)]["figures"]["allocated"] for r in range(2)] == [3000, 6000]
+        assert [view["per_rank"][str(r)]["figures"]["allocated"] for r in range(2)] == [300 * MiB, 600 * MiB]
         assert view["outlier"]["rank"] == 1
     missing, seconds = results[0]["alone"]
     assert missing == [1] and seconds < 15
@@ -263,17 +262,40 @@ def _answer(rank: int, **figures: int | None) -> RankStats:
 def test_spread_over_ranks_ignores_unknown_figures_and_missing_ranks():
     view = ClusterStats(
         3,
-        {0: _answer(0, allocated=10, reserved=None), 1: None, 2: _answer(2, allocated=30, reserved=None)},
+        {0: _answer(0, allocated=100 * MiB, reserved=None), 1: None, 2: _answer(2, allocated=300 * MiB, reserved=None)},
         "torch runtime",
     )
     assert view.missing == (1,) and view.figures == ("allocated",)
-    assert (view.min["allocated"], view.max["allocated"], view.mean["allocated"]) == (10, 30, 20.0)
+    assert (view.min["allocated"], view.max["allocated"], view.mean["allocated"]) == (100 * MiB, 300 * MiB, 200.0 * MiB)
     assert view.min["reserved"] is None
     assert view.outlier is not None and (view.outlier.rank, view.outlier.figure) == (2, "allocated")
     lines = str(view).splitlines()
     assert any(line.startswith("1 ") and "did not answer" in line for line in lines)
     equal = ClusterStats(2, {0: _answer(0, allocated=7), 1: _answer(1, allocated=7)}, "torch runtime")
     assert equal.outlier is None
+
+
+def _spread(*values: int) -> ClusterStats:
+    return ClusterStats(len(values), {r: _answer(r, host_rss=v) for r, v in enumerate(values)}, "torch runtime")
+
+
+def test_an_outlier_is_named_only_for_a_material_spread():
+    """Named when the highest rank is at least 10% of the mean and at least 64 MiB above it."""
+    # Identical ranks but for rounding: 0.01 MiB over 230 MiB is no outlier, nor said in the table.
+    noise = _spread(230 * MiB, 230 * MiB, 230 * MiB + 10 * 1024)
+    assert noise.outlier is None and "outlier" not in str(noise)
+    # 10% of the mean but under 64 MiB: small processes differ by that much.
+    assert _spread(100 * MiB, 160 * MiB).outlier is None  # 30 MiB above a 130 MiB mean
+    # 64 MiB but under 10% of the mean: large processes differ by that much.
+    assert _spread(10_000 * MiB, 10_800 * MiB, 10_000 * MiB).outlier is None  # 533 MiB above, 5%
+    # Both: named, in the table too.
+    both = _spread(1000 * MiB, 1300 * MiB)  # 150 MiB above a 1150 MiB mean: 13%
+    assert both.outlier is not None and (both.outlier.rank, both.outlier.figure) == (1, "host_rss")
+    assert "outlier: rank 1, host_rss 1.27 GiB (mean 1.12 GiB)" in str(both)
+    # Exactly at both bounds counts.
+    mean = 640 * MiB
+    edge = _spread(mean - 64 * MiB, mean + 64 * MiB)  # 64 MiB above a 640 MiB mean: 10% exactly
+    assert edge.outlier is not None and edge.outlier.value == mean + 64 * MiB
 
 
 def test_a_stale_rank_is_shown_with_its_age_and_left_out_of_the_spread():

@@ -39,6 +39,11 @@ DEFAULT_TIMEOUT = 60.0  # seconds every rank may take to reach the call after th
 _COUNTS = ("num_allocs", "num_ooms")
 # The figure an outlier is judged by: the first one any rank knows.
 _KEY_FIGURES = ("peak_allocated", "allocated", "peak_reserved", "reserved", "process_used", "host_rss")
+# An outlier is named only for a material spread: the highest rank holds at least this share of the
+# mean more than the mean AND at least this many bytes more. Ranks of one job differ by a little
+# (rank 0 logs, allocators round): 0.01 MiB over 230 MiB is noise, not a rank to look at.
+OUTLIER_SHARE = 0.10
+OUTLIER_BYTES = 64 << 20
 _calls = itertools.count(1)  # every rank numbers its calls alike, so that call n's answers meet
 _KEY = "unimem/cluster/"  # + the call's parity and the rank: two keys per rank, each replaced every other call
 _POLL = 0.2  # the longest pause, in seconds, between two reads of the ranks not heard from yet
@@ -83,7 +88,8 @@ class RankStats:
 
 @dataclass(frozen=True)
 class Outlier:
-    """The rank with the most of the key figure: the one a cap equal on every rank must fit.
+    """The rank with the most of the key figure, where it stands out from the mean (by 10% of the
+    mean and by 64 MiB at least): the one a cap equal on every rank must fit.
 
     Attributes:
         rank (int): The rank.
@@ -177,15 +183,21 @@ class ClusterStats:
 
     @property
     def outlier(self) -> Outlier | None:
-        """The rank with the most of the key figure; None with fewer than two answers, or all equal."""
+        """The rank with the most of the key figure, when it stands out: at least ``OUTLIER_SHARE``
+        (10%) of the mean above the mean and at least ``OUTLIER_BYTES`` (64 MiB) above it. None with
+        fewer than two answers, or a smaller spread."""
         for name in _KEY_FIGURES:
             values = self._values(name)
             if not values:
                 continue
-            if len(values) < 2 or len({v for _, v in values}) == 1:
+            if len(values) < 2:
                 return None
             rank, value = max(values, key=lambda item: (item[1], -item[0]))
-            return Outlier(rank, name, value, sum(v for _, v in values) / len(values))
+            mean = sum(v for _, v in values) / len(values)
+            above = value - mean
+            if above < OUTLIER_BYTES or above < OUTLIER_SHARE * mean:
+                return None
+            return Outlier(rank, name, value, mean)
         return None
 
     def as_dict(self) -> dict[str, Any]:
