@@ -3,6 +3,10 @@
 Import it yourself (``import unimem`` never imports Keras): ``from unimem.integrations.keras import
 MemoryCallback``. The keys it adds to the logs, and what per-batch recording costs:
 docs/guides/observing-memory.md#per-step-memoryhook-and-the-keras-callback.
+
+Keras's progress bar prints every number in the logs with four decimals, so the figures go there
+in MiB, the unit in the key (``mem_host_rss_mib: 675.45``), not in bytes (``708263936.0000``);
+the exact bytes stay in ``MemoryCallback.epochs`` and ``recording``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,11 @@ __all__ = ["MemoryCallback", "keras_backend"]
 _KERAS_TO_UNIMEM = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
 
 
+def _in_mib(figures: dict[str, int]) -> dict[str, float]:
+    """Byte figures as Keras logs them: in MiB, to the hundredth, the unit in the key (``mem_peak_mib``)."""
+    return {f"{key}_mib": round(value / 2**20, 2) for key, value in figures.items()}
+
+
 def keras_backend() -> str:
     """The unimem backend for the framework Keras runs on."""
     name = str(keras.backend.backend())
@@ -35,7 +44,8 @@ def keras_backend() -> str:
 
 
 class MemoryCallback(keras.callbacks.Callback):
-    """Memory per batch and per epoch into Keras's logs (``mem_peak``, ``mem_host_rss``, ...), known figures only.
+    """Memory per batch and per epoch into Keras's logs in MiB (``mem_peak_mib``, ``mem_host_rss_mib``, ...),
+    known figures only; the bytes are in ``epochs`` and ``recording``.
 
     Args:
         device: The device index, as the framework counts devices (default 0).
@@ -69,7 +79,7 @@ class MemoryCallback(keras.callbacks.Callback):
             return
         tracked = self.hook.step()
         if tracked is not None and logs is not None:
-            logs.update(_figures(tracked, self.hook.host_rss()))
+            logs.update(_in_mib(_figures(tracked, self.hook.host_rss())))
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = Tracked(self.backend, self.device).__enter__()
@@ -99,7 +109,7 @@ class MemoryCallback(keras.callbacks.Callback):
             self.hook.step()
         self.hook.mark(f"epoch {epoch + 1}")
         if logs is not None:
-            logs.update(figures)
+            logs.update(_in_mib(figures))
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self.hook.close()
