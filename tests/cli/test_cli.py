@@ -188,7 +188,7 @@ def test_compare_run_in_an_80_column_pipe_prints_whole_rows(need: Callable[[str]
     rows = [line for line in proc.stdout.splitlines() if "torch" in line and "mlp" in line]
     assert len(rows) == 1, proc.stdout
     assert "default" in rows[0] and len(re.findall(r"\d+\.\d\d [KMG]iB", rows[0])) == 2, rows[0]
-    assert "unimem compare: running torch · mlp · default" in proc.stderr  # progress as log lines
+    assert "unimem compare: run 1 of 1: torch · mlp · default" in proc.stderr  # progress as log lines
 
 
 def _stopped_watch(signum: int, *extra: str) -> subprocess.CompletedProcess[str]:

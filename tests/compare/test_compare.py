@@ -197,3 +197,70 @@ def test_widely_spread_steps_are_said_not_to_be_comparable(monkeypatch: pytest.M
     assert len(notes) == 1 and "not comparable" in notes[0] and "spread over 20%" in notes[0], notes
     assert "torch · mlp · default 60%" in notes[0] and "torch · mlp · remat 60%" in notes[0]
     assert f"note: {notes[0]}" in _printed(result)
+
+
+# --- the command: what it runs by default, how far it has got, and where it writes ----------------
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
+    """Each run the command makes, recorded instead of started (a worker takes seconds)."""
+    made: list[tuple[str, str, str]] = []
+
+    def fake_worker(framework: str, workload: str, config: str, *rest: Any) -> dict[str, Any]:
+        made.append((framework, workload, config))
+        return {"framework": framework, "workload": workload, "config": config, "ok": False, "error": "not run"}
+
+    monkeypatch.setattr(compare_module, "_run_worker", fake_worker)
+    return made
+
+
+def _cli(*args: str) -> Any:
+    from click.testing import CliRunner
+
+    from unimem.cli.main import main
+
+    return CliRunner().invoke(main, ["compare", *args])
+
+
+def test_compare_runs_the_quick_grid_by_default_and_every_configuration_with_full(runs: list) -> None:
+    frameworks = [n for n in compare_module._runners() if n in unimem.available_backends()]
+    result = _cli("--steps", "1")
+    assert result.exit_code == 0, result.output
+    assert runs == [
+        (f, w, c) for f in frameworks for w in compare_module.WORKLOADS for c in ("default", "growth", "cap")
+    ]
+    runs.clear()
+    assert _cli("--steps", "1", "--full", "-f", frameworks[0]).exit_code == 0
+    assert runs == [(frameworks[0], w, c) for w in compare_module.WORKLOADS for c in compare_module.CONFIGS]
+    both = _cli("--full", "-c", "cap")
+    assert both.exit_code == 2 and "--full" in both.output and "--config" in both.output
+
+
+def test_compare_progress_says_how_many_runs_are_left(runs: list) -> None:
+    result = _cli("-f", "torch", "-f", "jax", "-w", "mlp", "-c", "default", "-c", "cap", "--steps", "1")
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.stderr.splitlines() if line.startswith("unimem compare: run ")]
+    assert said == [
+        "unimem compare: run 1 of 4: torch · mlp · default",
+        "unimem compare: run 2 of 4: torch · mlp · cap",
+        "unimem compare: run 3 of 4: jax · mlp · default",
+        "unimem compare: run 4 of 4: jax · mlp · cap",
+    ]
+
+
+def test_compare_refuses_an_unwritable_out_folder_before_running_anything(
+    runs: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from unimem.observe import plotting
+
+    monkeypatch.setattr(plotting, "plot_comparison", lambda result, path: Path(path).write_bytes(b"png"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = _cli("-f", "torch", "-w", "mlp", "-c", "default", "-o", str(blocker / "results"))
+    assert result.exit_code == 2
+    assert "--out" in result.stderr and "cannot write to" in result.stderr and "Not a directory" in result.stderr
+    assert runs == [], "a run was made before the folder was found unwritable"
+    ok = _cli("-f", "torch", "-w", "mlp", "-c", "default", "-o", str(tmp_path / "new" / "results"))
+    assert ok.exit_code == 0 and (tmp_path / "new" / "results" / "compare.json").is_file()
+    assert not [p for p in (tmp_path / "new" / "results").iterdir() if p.name.startswith(".unimem")]

@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -282,8 +283,9 @@ _COMPARE_OPTIONS = {
     "-c",
     "configs",
     multiple=True,
-    help="default, growth, cap, bf16, remat, offload (repeatable); default: all.",
+    help="default, growth, cap, bf16, remat, offload (repeatable); default: default, growth, cap.",
 )
+@click.option("--full", is_flag=True, help="Every configuration (adds bf16, remat, offload): the whole grid.")
 @click.option("--size", default="small", show_default=True, type=click.Choice(["small", "large"]))
 @click.option(
     "--steps",
@@ -299,6 +301,7 @@ def compare(
     frameworks: tuple[str, ...],
     workloads: tuple[str, ...],
     configs: tuple[str, ...],
+    full: bool,
     size: str,
     steps: int,
     out: str | None,
@@ -306,55 +309,47 @@ def compare(
 ) -> None:
     """The same workloads in each installed framework and configuration, each in a fresh process.
 
-    Every run first takes one tiny step of each configuration compared, so that what a framework
-    imports on first use weighs on every row alike. A note under the table says when the step
-    times are not comparable: a load average above the machine's cores, or a run whose timed
+    By default the configurations configure() makes (default, growth, cap); --full adds bf16 and
+    the savers. Every run first takes one tiny step of each configuration compared, so that what a
+    framework imports on first use weighs on every row alike. A note under the table says when the
+    step times are not comparable: a load average above the machine's cores, or a run whose timed
     steps spread over 20% of their median.
     """
-    from pathlib import Path
-
-    from rich.progress import Progress
+    from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from unimem.compare import harness as compare_module
 
+    if full and configs:
+        raise click.UsageError("--full runs every configuration: pass it or --config, not both")
+    chosen = configs or (tuple(compare_module.CONFIGS) if full else compare_module.QUICK_CONFIGS)
+    names, workloads = frameworks or None, workloads or compare_module.WORKLOADS
+    try:  # every argument checked before anything runs
+        runs = compare_module.plan_runs(names, workloads, chosen, size=size, steps=steps)
+    except ConfigError as exc:
+        raise option_error(exc, _COMPARE_OPTIONS.get(exc.parameter, exc.parameter)) from None
+    folder = None if out is None else _writable_folder(out)
     console = _console()
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), MofNCompleteColumn(), TimeElapsedColumn())
     # Off a terminal a redrawn bar is noise in the log: each run's start is one line on stderr instead.
-    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
-        total = (
-            (len(frameworks) or len([b for b in registry.available_backends() if b in registry.FRAMEWORKS]))
-            * (len(workloads) or len(compare_module.WORKLOADS))
-            * (len(configs) or len(compare_module.CONFIGS))
-        )
-        task = bar.add_task("comparing", total=total)
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("comparing", total=len(runs))
 
         def show_progress(label: str) -> None:
             if console.is_terminal:
-                bar.update(task, description=label)
+                bar.update(task, description=label.partition(": ")[2])
             else:
-                click.echo(f"unimem compare: running {label}", err=True)
+                click.echo(f"unimem compare: {label}", err=True)
 
         def on_result(partial: compare_module.Comparison) -> None:
             bar.advance(task)
-            if out is not None:  # saved as it goes: a run stopped early keeps its rows
-                Path(out).mkdir(parents=True, exist_ok=True)
-                partial.to_json(Path(out) / "compare.json")
+            if folder is not None:  # saved as it goes: a run stopped early keeps its rows
+                partial.to_json(folder / "compare.json")
 
-        try:
-            result = compare_module.compare(
-                frameworks or None,
-                workloads or compare_module.WORKLOADS,
-                configs or tuple(compare_module.CONFIGS),
-                size=size,
-                steps=steps,
-                progress=show_progress,
-                on_result=on_result,
-            )
-        except ConfigError as exc:
-            raise option_error(exc, _COMPARE_OPTIONS.get(exc.parameter, exc.parameter)) from None
+        result = compare_module.compare(
+            names, workloads, chosen, size=size, steps=steps, progress=show_progress, on_result=on_result
+        )
     written: list[Path] = []
-    if out is not None:
-        folder = Path(out)
-        folder.mkdir(parents=True, exist_ok=True)
+    if folder is not None:
         result.to_json(folder / "compare.json")
         written.append(folder / "compare.json")
         try:
@@ -370,6 +365,26 @@ def compare(
     print_comparison(console, result)
     if written:
         console.print(f"wrote {' and '.join(str(path) for path in written)}")
+
+
+def _writable_folder(out: str) -> Path:
+    """``--out`` made and shown writable before anything runs: a comparison takes minutes, and its
+    results must not be lost at the end to a folder it cannot write.
+
+    Raises:
+        click.BadParameter: The folder cannot be made, or a file cannot be written in it (exit 2).
+    """
+    import tempfile
+
+    folder = Path(out)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".unimem-compare-"):
+            pass
+    except OSError as exc:
+        unwritable = ConfigError("out", f"cannot write to {out}: {exc.strerror or exc}; pass a folder you can write to")
+        raise option_error(unwritable, "--out") from None
+    return folder
 
 
 def print_comparison(console: Any, result: Comparison) -> None:

@@ -24,9 +24,25 @@ from unimem.compare.workloads import SIZES
 from unimem.errors import ConfigError
 from unimem.sizes import counted
 
-__all__ = ["CONFIGS", "SAVERS", "Comparison", "compare", "failures", "table_rows", "timing_notes", "unsupported"]
+__all__ = [
+    "CONFIGS",
+    "QUICK_CONFIGS",
+    "SAVERS",
+    "Comparison",
+    "compare",
+    "failures",
+    "plan_runs",
+    "table_rows",
+    "timing_notes",
+    "unsupported",
+]
 
 WORKLOADS = ("mlp", "transformer")
+# What `unimem compare` runs unless told (--full runs every configuration): the settings
+# configure() makes, each framework's default beside them. Every run is a fresh process that
+# imports its framework, so the grid's size is the command's time; the savers' runs are also
+# the slowest (their warm-up imports what checkpointing needs in every run of the comparison).
+QUICK_CONFIGS = ("default", "growth", "cap")
 # 2: every run warms up the comparison's paths first; step times carry min, max, quartiles, load.
 SCHEMA_VERSION = 2
 # A run's step times spread over this share of their median (interquartile range) are not a figure
@@ -152,33 +168,25 @@ def _run_worker(
     return result
 
 
-def compare(
+def plan_runs(
     frameworks: Sequence[str] | None = None,
     workloads: Sequence[str] = WORKLOADS,
     configs: Sequence[str] = tuple(CONFIGS),
     *,
     size: str = "small",
     steps: int = 5,
-    timeout: float = 600.0,
-    progress: Callable[[str], None] | None = None,
-    on_result: Callable[[Comparison], None] | None = None,
-) -> Comparison:
-    """Run every workload under every configuration in each framework, each run in a fresh process.
-
-    See docs/guides/compare.md for the configurations, the warm-up and when times are comparable.
+) -> list[tuple[str, str, str]]:
+    """The runs a comparison would make, ``(framework, workload, configuration)`` in order; runs nothing.
 
     Args:
         frameworks: Framework names; None (default): every installed one that runs the workloads.
         workloads: ``"mlp"``, ``"transformer"`` (default both).
         configs: Configurations from ``CONFIGS`` (default all).
         size: ``"small"`` (default) or ``"large"``.
-        steps: Timed steps per run, after two untimed ones (default 5).
-        timeout: Seconds a run may take before its row says it timed out (default 600).
-        progress: Called with ``"framework · workload · config"`` as each run starts.
-        on_result: Called with the comparison so far after each run (to save as it goes).
+        steps: Timed steps per run (default 5).
 
     Returns:
-        The comparison: every run's figures and the machine they ran on.
+        One entry per run, in the order ``compare`` makes them.
 
     Raises:
         ConfigError: A framework, workload, configuration, size or step count is unknown or invalid.
@@ -204,15 +212,48 @@ def compare(
         raise ConfigError("size", f"unknown size {size!r}; choose from {', '.join(SIZES)}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError("steps", f"expected a whole number of steps, 1 or more, got {steps!r}")
+    return [(framework, workload, config) for framework in names for workload in workloads for config in configs]
+
+
+def compare(
+    frameworks: Sequence[str] | None = None,
+    workloads: Sequence[str] = WORKLOADS,
+    configs: Sequence[str] = tuple(CONFIGS),
+    *,
+    size: str = "small",
+    steps: int = 5,
+    timeout: float = 600.0,
+    progress: Callable[[str], None] | None = None,
+    on_result: Callable[[Comparison], None] | None = None,
+) -> Comparison:
+    """Run every workload under every configuration in each framework, each run in a fresh process.
+
+    See docs/guides/compare.md for the configurations, the warm-up and when times are comparable.
+
+    Args:
+        frameworks: Framework names; None (default): every installed one that runs the workloads.
+        workloads: ``"mlp"``, ``"transformer"`` (default both).
+        configs: Configurations from ``CONFIGS`` (default all; ``unimem compare`` runs ``QUICK_CONFIGS``).
+        size: ``"small"`` (default) or ``"large"``.
+        steps: Timed steps per run, after two untimed ones (default 5).
+        timeout: Seconds a run may take before its row says it timed out (default 600).
+        progress: Called with ``"run 3 of 18: framework · workload · config"`` as each run starts.
+        on_result: Called with the comparison so far after each run (to save as it goes).
+
+    Returns:
+        The comparison: every run's figures and the machine they ran on.
+
+    Raises:
+        ConfigError: A framework, workload, configuration, size or step count is unknown or invalid.
+    """
+    runs = plan_runs(frameworks, workloads, configs, size=size, steps=steps)
     comparison = Comparison([], _machine(size, steps))
-    for framework in names:
-        for workload in workloads:
-            for config in configs:
-                if progress is not None:
-                    progress(f"{framework} · {workload} · {config}")
-                comparison.results.append(_run_one(framework, workload, config, size, steps, timeout, configs))
-                if on_result is not None:
-                    on_result(comparison)  # e.g. save as it goes: a long run stopped early keeps its rows
+    for number, (framework, workload, config) in enumerate(runs, start=1):
+        if progress is not None:
+            progress(f"run {number} of {len(runs)}: {framework} · {workload} · {config}")
+        comparison.results.append(_run_one(framework, workload, config, size, steps, timeout, configs))
+        if on_result is not None:
+            on_result(comparison)  # e.g. save as it goes: a long run stopped early keeps its rows
     return comparison
 
 
