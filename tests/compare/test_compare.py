@@ -227,9 +227,7 @@ def test_compare_runs_the_quick_grid_by_default_and_every_configuration_with_ful
     frameworks = [n for n in compare_module._runners() if n in unimem.available_backends()]
     result = _cli("--steps", "1")
     assert result.exit_code == 0, result.output
-    assert runs == [
-        (f, w, c) for f in frameworks for w in compare_module.WORKLOADS for c in ("default", "growth", "cap")
-    ]
+    assert runs == [(f, w, c) for f in frameworks for w in compare_module.WORKLOADS for c in ("default", "cap")]
     runs.clear()
     assert _cli("--steps", "1", "--full", "-f", frameworks[0]).exit_code == 0
     assert runs == [(frameworks[0], w, c) for w in compare_module.WORKLOADS for c in compare_module.CONFIGS]

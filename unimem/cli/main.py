@@ -283,9 +283,9 @@ _COMPARE_OPTIONS = {
     "-c",
     "configs",
     multiple=True,
-    help="default, growth, cap, bf16, remat, offload (repeatable); default: default, growth, cap.",
+    help="default, growth, cap, bf16, remat, offload (repeatable); default: default, cap.",
 )
-@click.option("--full", is_flag=True, help="Every configuration (adds bf16, remat, offload): the whole grid.")
+@click.option("--full", is_flag=True, help="Every configuration (adds growth, bf16, remat, offload): the whole grid.")
 @click.option("--size", default="small", show_default=True, type=click.Choice(["small", "large"]))
 @click.option(
     "--steps",
@@ -309,8 +309,8 @@ def compare(
 ) -> None:
     """The same workloads in each installed framework and configuration, each in a fresh process.
 
-    By default the configurations configure() makes (default, growth, cap); --full adds bf16 and
-    the savers. Every run first takes one tiny step of each configuration compared, so that what a
+    By default each framework's own behaviour and the cap configure() makes (default, cap); --full
+    adds growth, bf16 and the savers. Every run first takes one tiny step of each configuration compared, so that what a
     framework imports on first use weighs on every row alike. A note under the table says when the
     step times are not comparable: a load average above the machine's cores, or a run whose timed
     steps spread over 20% of their median.
