@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from unimem import ranks, registry
-from unimem.api import read_snapshot
 from unimem.config import check_device
 from unimem.errors import ClusterError, ConfigError, UnimemWarning
 from unimem.memory_stats import MemoryStats
 from unimem.sizes import format_bytes
+from unimem.snapshots import read_snapshot
 
 if TYPE_CHECKING:
     from unimem.backends.base import KeyValueStore

@@ -53,7 +53,6 @@ from types import TracebackType
 from typing import Any
 
 from unimem import ranks, registry
-from unimem.api import read_snapshot
 from unimem.config import check_device
 from unimem.errors import BackendUnavailable, ConfigError, NoFigures, UnimemError, UnimemWarning
 from unimem.memory_stats import MemoryStats
@@ -73,6 +72,7 @@ from unimem.observe.samples import (
 from unimem.observe.stream import FRAMEWORK, MARK, encode
 from unimem.observe.track import resolve_query
 from unimem.sizes import counted
+from unimem.snapshots import read_snapshot
 
 __all__ = ["MIN_FRAMEWORK_INTERVAL", "MIN_INTERVAL", "Monitor", "check_interval", "counter_reader", "monitor"]
 

@@ -31,11 +31,11 @@ from types import TracebackType
 from typing import Any
 
 from unimem import host_memory, registry
-from unimem.api import read_snapshot
 from unimem.config import check_device
 from unimem.errors import ConfigError, UnimemError
 from unimem.memory_stats import MemoryStats
 from unimem.sizes import format_bytes
+from unimem.snapshots import read_snapshot
 from unimem.support import Level
 
 __all__ = ["Tracked", "resolve_query", "track"]
