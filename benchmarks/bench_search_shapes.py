@@ -81,7 +81,14 @@ def run(cases: int, seed: int) -> dict[str, Any]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", unimem.UnimemWarning)
             search = unimem.find_batch_size(
-                step, start=start, measure=step.measure, limit=cap, baseline=held, max_trials=64, return_trials=True
+                step,
+                start=start,
+                backend="nvml",  # a simulated step of no framework: its own figures
+                measure=step.measure,
+                limit=cap,
+                baseline=held,
+                max_trials=64,
+                return_trials=True,
             )
         done += 1
         trials = len(search.trials)

@@ -31,6 +31,7 @@ _LAZY: dict[str, str] = {
     "ClusterError": "errors",
     "ConfigError": "errors",
     "OutOfMemory": "errors",
+    "SearchError": "errors",
     "TooLateError": "errors",
     "UnimemError": "errors",
     "UnimemWarning": "errors",

@@ -21,6 +21,7 @@ from unimem.errors import BackendUnavailable as BackendUnavailable
 from unimem.errors import ClusterError as ClusterError
 from unimem.errors import ConfigError as ConfigError
 from unimem.errors import OutOfMemory as OutOfMemory
+from unimem.errors import SearchError as SearchError
 from unimem.errors import TooLateError as TooLateError
 from unimem.errors import UnimemError as UnimemError
 from unimem.errors import UnimemWarning as UnimemWarning

@@ -14,6 +14,7 @@ __all__ = [
     "ConfigError",
     "NoFigures",
     "OutOfMemory",
+    "SearchError",
     "TooLateError",
     "UnimemError",
     "UnimemWarning",
@@ -155,6 +156,17 @@ class ClusterError(UnimemError, RuntimeError):
     and by ``find_batch_size`` over ranks when a rank does not answer in time, its step raised,
     or the ranks are at different points of the search. The message says what to initialise,
     or which rank failed and where to look.
+    """
+
+
+class SearchError(UnimemError, RuntimeError):
+    """``find_batch_size`` cannot give an answer that its trials support.
+
+    Also a ``RuntimeError``. Raised when the step's peaks did not grow with the batch size (a size
+    ran that could not fit at one byte a sample: the figures read do not see the step's memory, or
+    it does not depend on the batch size), and when the answer failed its re-check while the memory
+    in use grew from call to call at the same size (a leak). The message says what the trials
+    showed, the sizes tried, and what to do.
     """
 
 

@@ -269,6 +269,7 @@ def test_the_answer_is_always_within_the_margin(
     # size that runs reads within it and the step's own cap is what bounds the answer.
     search = unimem.find_batch_size(
         step,
+        backend="nvml",
         start=start,
         margin=margin,
         measure=step.measure if measured else None,
@@ -310,7 +311,7 @@ def test_with_figures_and_a_small_start_it_needs_at_most_six_trials(
 ) -> None:
     step = Need(a, b, a + b * true_max, noise)
     search = unimem.find_batch_size(
-        step, start=start, measure=step.measure, limit=step.cap, margin=0.05, return_trials=True
+        step, backend="nvml", start=start, measure=step.measure, limit=step.cap, margin=0.05, return_trials=True
     )
     # limit= equals the cap here, so a reading above it fails a size the step itself runs: the
     # answer is one that reads within it, and within 5% of the size below the first that does not.
@@ -347,7 +348,7 @@ def test_with_a_baseline_one_trial_gives_a_size_that_surely_fits() -> None:
     step = FixedPlusPerSample(940 << 20, 8 << 20, 100 << 10, 235 << 20, 3 << 30)
     true_max = max(n for n in range(1, 40_000) if step.need(n) <= step.cap)
     search = unimem.find_batch_size(
-        step, start=32, measure=step.measure, limit=step.cap, baseline=step.held, return_trials=True
+        step, backend="nvml", start=32, measure=step.measure, limit=step.cap, baseline=step.held, return_trials=True
     )
     assert 0.95 * true_max <= search.batch_size <= true_max
     assert len(search.trials) <= 6, str(search)
@@ -355,7 +356,9 @@ def test_with_a_baseline_one_trial_gives_a_size_that_surely_fits() -> None:
     assert jumps and all(t.fits for t in jumps), str(search)
     # Without the baseline the plateau hides the slope: the same answer takes more trials.
     step.peak = None
-    blind = unimem.find_batch_size(step, start=32, measure=step.measure, limit=step.cap, return_trials=True)
+    blind = unimem.find_batch_size(
+        step, backend="nvml", start=32, measure=step.measure, limit=step.cap, return_trials=True
+    )
     assert 0.95 * true_max <= blind.batch_size <= true_max
     assert len(blind.trials) > len(search.trials)
 
@@ -384,7 +387,13 @@ def test_the_h200_benchmark_shape_takes_six_trials_from_its_start() -> None:
     true_max = max(n for n in range(17_000, 18_000) if step.need(n) <= step.cap)
     for start, most in ((32, 6), (1, 7), (8, 7), (64, 7), (256, 7)):
         search = unimem.find_batch_size(
-            step, start=start, measure=step.measure, limit=step.cap, baseline=step.held, return_trials=True
+            step,
+            backend="nvml",
+            start=start,
+            measure=step.measure,
+            limit=step.cap,
+            baseline=step.held,
+            return_trials=True,
         )
         assert 0.95 * true_max <= search.batch_size <= true_max, str(search)
         assert len(search.trials) <= most, str(search)
@@ -409,7 +418,14 @@ def test_convex_needs_are_found_and_a_safe_jump_never_fails(
     step = ConvexNeed(held, fixed, per_sample, floor, floor_per_sample, cap)
     assume(step.need(start) <= cap)
     search = unimem.find_batch_size(
-        step, start=start, measure=step.measure, limit=cap, baseline=held, max_trials=64, return_trials=True
+        step,
+        backend="nvml",
+        start=start,
+        measure=step.measure,
+        limit=cap,
+        baseline=held,
+        max_trials=64,
+        return_trials=True,
     )
     room = cap - held  # both parts of the need must fit in it
     largest = min((room - fixed) // per_sample, (room - floor) // floor_per_sample if floor_per_sample else 1 << 62)
@@ -422,19 +438,25 @@ def test_convex_needs_are_found_and_a_safe_jump_never_fails(
 @pytest.mark.slow
 def test_a_start_that_does_not_fit_is_halved() -> None:
     step = Need(0, 1000, 1000 * 100)
-    search = unimem.find_batch_size(step, start=1000, return_trials=True)
+    search = unimem.find_batch_size(step, backend="nvml", start=1000, return_trials=True)
     assert [t.reason for t in search.trials][:4] == ["start", "halve", "halve", "halve"]
     assert 95 <= search.batch_size <= 100
 
 
 def test_max_size_bounds_the_answer() -> None:
     step = Need(0, 1, 1 << 40)  # everything fits
-    search = unimem.find_batch_size(step, start=4, max_size=100, return_trials=True)
+    search = unimem.find_batch_size(step, backend="nvml", start=4, max_size=100, return_trials=True)
     assert search.batch_size == 100 and search.smallest_failure is None
     assert max(step.calls) == 100
     measured = Need(0, 10, 1 << 40)
     search = unimem.find_batch_size(
-        measured, start=4, max_size=500, measure=measured.measure, limit=measured.cap, return_trials=True
+        measured,
+        backend="nvml",
+        start=4,
+        max_size=500,
+        measure=measured.measure,
+        limit=measured.cap,
+        return_trials=True,
     )
     assert search.batch_size == 500 and len(search.trials) == 3
     assert search.trials[-1].reason == "upper-bound"
@@ -442,7 +464,7 @@ def test_max_size_bounds_the_answer() -> None:
 
 def test_batch_size_one_not_fitting_raises_out_of_memory_with_a_report() -> None:
     with pytest.raises(unimem.OutOfMemory) as info:
-        unimem.find_batch_size(Need(10, 1, 5), start=4)
+        unimem.find_batch_size(Need(10, 1, 5), backend="nvml", start=4)
     assert isinstance(info.value.__cause__, MemoryError)
     assert info.value.report is not None and info.value.report.batch_size == 1
     assert "even batch size 1 does not fit" in str(info.value)
@@ -456,14 +478,14 @@ def test_other_errors_stop_the_search_untouched() -> None:
             raise error
 
     with pytest.raises(ValueError) as info:
-        unimem.find_batch_size(step, start=4)
+        unimem.find_batch_size(step, backend="nvml", start=4)
     assert info.value is error
 
 
 def test_running_out_of_trials_warns_and_returns_the_largest_that_ran() -> None:
     step = Need(0, 1, 10_000)
     with pytest.warns(unimem.UnimemWarning, match="max_trials=3"):
-        search = unimem.find_batch_size(step, start=4, max_trials=3, return_trials=True)
+        search = unimem.find_batch_size(step, backend="nvml", start=4, max_trials=3, return_trials=True)
     assert search.batch_size == 16 and search.converged is False
 
 
@@ -489,10 +511,10 @@ def test_the_answer_is_re_run_after_the_last_failure(after_oom: float, confirmed
     step = Fragmenting(0, 100, 100 * 1000, after_oom)
     kwargs: dict[str, Any] = {"measure": step.measure, "limit": step.cap, "return_trials": True}
     if confirmed:
-        search = unimem.find_batch_size(step, start=8, **kwargs)
+        search = unimem.find_batch_size(step, backend="nvml", start=8, **kwargs)
     else:
         with pytest.warns(unimem.UnimemWarning, match="start a fresh process with batch size"):
-            search = unimem.find_batch_size(step, start=8, **kwargs)
+            search = unimem.find_batch_size(step, backend="nvml", start=8, **kwargs)
     assert search.confirmed is confirmed and search.confirmations[0].batch_size == max(
         t.batch_size for t in search.trials if t.fits
     )
@@ -505,7 +527,9 @@ def test_the_answer_is_re_run_after_the_last_failure(after_oom: float, confirmed
         assert search.batch_size >= 950 and not any(t.fits for t in search.confirmations)
         assert "fresh process" in search.notes[-1]
     other = Fragmenting(0, 100, 100 * 1000, 0.5)
-    unconfirmed = unimem.find_batch_size(other, start=8, confirm=False, measure=other.measure, limit=other.cap)
+    unconfirmed = unimem.find_batch_size(
+        other, backend="nvml", start=8, confirm=False, measure=other.measure, limit=other.cap
+    )
     assert unconfirmed >= 950 and len(other.calls) == len(set(other.calls))  # nothing re-run
     with pytest.raises(unimem.ConfigError, match="confirm"):
         unimem.find_batch_size(step, start=8, confirm="yes")  # type: ignore[call-overload]
@@ -513,7 +537,9 @@ def test_the_answer_is_re_run_after_the_last_failure(after_oom: float, confirmed
 
 def test_result_reads_well_and_is_json_ready() -> None:
     step = Need(1000, 100, 1000 + 100 * 500)
-    search = unimem.find_batch_size(step, start=2, measure=step.measure, limit=step.cap, return_trials=True)
+    search = unimem.find_batch_size(
+        step, backend="nvml", start=2, measure=step.measure, limit=step.cap, return_trials=True
+    )
     data = json.loads(json.dumps(search.as_dict()))
     assert data["batch_size"] == search.batch_size == int(search)
     assert [t["batch_size"] for t in data["trials"] + data["confirmations"]] == step.calls
@@ -528,7 +554,7 @@ def test_result_reads_well_and_is_json_ready() -> None:
 def test_decorator_passes_the_arguments_through() -> None:
     seen: list[tuple[int, str]] = []
 
-    @unimem.find_batch_size(start=4, margin=0.0)
+    @unimem.find_batch_size(backend="nvml", start=4, margin=0.0)
     def step(batch_size: int, tag: str) -> None:
         seen.append((batch_size, tag))
         if batch_size > 37:
@@ -584,7 +610,7 @@ def test_a_step_that_is_not_callable_is_a_config_error() -> None:
 def test_a_limit_without_any_memory_figure_is_refused_before_any_trial() -> None:
     step = Need(0, 1, 100)
     with pytest.raises(unimem.ConfigError) as info:
-        unimem.find_batch_size(step, start=4, limit="1GiB")
+        unimem.find_batch_size(step, backend="nvml", start=4, limit="1GiB")
     assert info.value.parameter == "limit" and "measure=" in str(info.value)
     assert step.calls == []
 
@@ -601,7 +627,7 @@ def test_no_warning_on_a_normal_search() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         step = Need(0, 3, 3000)
-        assert unimem.find_batch_size(step, start=4, margin=0.0) == 1000
+        assert unimem.find_batch_size(step, backend="nvml", start=4, margin=0.0) == 1000
 
 
 class LeakyPool:
@@ -781,7 +807,9 @@ def test_peaks_that_stop_growing_near_the_limit_are_reported() -> None:
     step = RematNeed(a=67_000_000, b=36_900, cap=3_003_000_000, target=2_790_000_000, stretch=1.25)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", unimem.UnimemWarning)
-        search = unimem.find_batch_size(step, start=32, measure=step.measure, limit=step.cap, return_trials=True)
+        search = unimem.find_batch_size(
+            step, backend="nvml", start=32, measure=step.measure, limit=step.cap, return_trials=True
+        )
     natural = (step.target - step.a) // step.b  # the largest size that needs no rematerialization
     largest = int(step.stretch * step.target - step.a) // step.b
     assert (1 - search.margin) * largest <= search.batch_size <= largest  # the largest that runs
@@ -818,7 +846,9 @@ def test_a_peak_at_the_cap_below_sizes_that_still_ran_is_reported() -> None:
     step = ClampedAtTheCap(a=250_000_000, b=41_000, cap=3_003_000_000, stretch=1.15)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", unimem.UnimemWarning)
-        search = unimem.find_batch_size(step, start=32, measure=step.measure, limit=step.cap, return_trials=True)
+        search = unimem.find_batch_size(
+            step, backend="nvml", start=32, measure=step.measure, limit=step.cap, return_trials=True
+        )
     largest = int(step.stretch * step.cap - step.a) // step.b
     assert (1 - search.margin) * largest <= search.batch_size <= largest, str(search)
     at_cap = min(t.batch_size for t in search.trials if t.peak is not None and t.peak >= 0.99 * step.cap)

@@ -70,7 +70,8 @@ class Host:
 def _search(host: Host, step: Any = None, **kwargs: Any) -> unimem.BatchSizeSearch:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", unimem.UnimemWarning)
-        return unimem.find_batch_size(step or host.step, return_trials=True, **kwargs)
+        # A step of no framework: the host's figures are the ones read.
+        return unimem.find_batch_size(step or host.step, return_trials=True, **{"backend": "nvml", **kwargs})
 
 
 def test_a_search_without_device_figures_stops_within_the_hosts_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,7 +225,13 @@ def test_jax_predictions_are_held_against_the_hosts_memory(need: Any, pyjson: An
     assert any("host's memory" in n for n in search["notes"]), search["notes"]
     reasons = [t["reason"] for t in search["trials"]]
     assert reasons[1] == "predicted" and "grow" not in reasons, reasons  # placed by the predictions
-    assert search["step_calls"] <= 10 and search["converged"], search
+    # As in a measured search no size is more than 8 times the largest that ran: from 8, three calls
+    # (64, 512, 4096) reach the answer's region, where one prediction used to jump.
+    ran = 0  # the largest size that ran so far
+    for trial in search["trials"]:
+        assert not ran or trial["batch_size"] <= 8 * ran, search["trials"]
+        ran = max(ran, trial["batch_size"] if trial["fits"] else 0)
+    assert search["step_calls"] <= 13 and search["converged"], search
     # The answer's need is a good share of the host's memory, and no call went past it (the
     # process grows besides: compiled programs, what the allocator keeps).
     assert 0.25 * r["budget"] <= r["needs"][str(search["batch_size"])] <= search_host.SHARE * r["budget"], search

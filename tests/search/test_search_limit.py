@@ -58,7 +58,7 @@ class Unenforced:
 
 def _search(step: Unenforced, source: str, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> unimem.BatchSizeSearch:
     if source == "measure":
-        kwargs["measure"] = step.measure
+        kwargs.update(measure=step.measure, backend="nvml")  # no framework: the step's own figures
     else:
         adapter = registry.get_backend("torch")
         for name in ("stats", "reset_peak", "clear_cache"):
@@ -91,7 +91,7 @@ def test_batch_size_one_past_the_limit_is_out_of_memory() -> None:
         unimem.OutOfMemory,
         match=r"even batch size 1 does not fit: its peak 2.00 GiB \(measure=\) passed limit=1.00 GiB",
     ):
-        unimem.find_batch_size(step, start=4, measure=step.measure, limit="1GiB")
+        unimem.find_batch_size(step, backend="nvml", start=4, measure=step.measure, limit="1GiB")
 
 
 @settings(max_examples=60, deadline=None)
@@ -123,11 +123,13 @@ def test_the_answer_s_recorded_peak_never_passes_the_limit(
 @pytest.mark.parametrize("value", [math.nan, math.inf, -1, -0.5, "123", b"1", True, [1], object()])
 def test_a_measure_that_does_not_return_bytes_is_a_config_error(value: object) -> None:
     with pytest.raises(unimem.ConfigError) as info:
-        unimem.find_batch_size(lambda n: None, start=4, measure=lambda: value, limit="1GiB")
+        unimem.find_batch_size(lambda n: None, backend="nvml", start=4, measure=lambda: value, limit="1GiB")
     assert info.value.parameter == "measure" and repr(value) in str(info.value)
 
 
 @pytest.mark.parametrize("value", [0, 1024, 1024.0, 1.5e9])
 def test_a_measure_may_return_any_finite_number_of_bytes(value: float) -> None:
-    found = unimem.find_batch_size(lambda n: None, start=4, max_size=4, measure=lambda: value, limit="8GiB")
+    found = unimem.find_batch_size(
+        lambda n: None, backend="nvml", start=4, max_size=4, measure=lambda: value, limit="8GiB"
+    )
     assert found == 4

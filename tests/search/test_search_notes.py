@@ -83,6 +83,7 @@ def test_noisy_linear_peaks_get_no_saturation_note(
         found = unimem.find_batch_size(
             # A reading over limit= fails its trial: the limit sits above the readings' 1% noise.
             step,
+            backend="nvml",
             start=min(start, true_max),
             measure=step.measure,
             limit=math.ceil(step.cap * 1.01),
@@ -180,7 +181,7 @@ class Clocked:
 
 def _timed(monkeypatch: pytest.MonkeyPatch, step: Clocked, **kwargs: Any) -> unimem.BatchSizeSearch:
     monkeypatch.setattr(runner, "clock", lambda: step.now)
-    return unimem.find_batch_size(step, return_trials=True, **kwargs)
+    return unimem.find_batch_size(step, return_trials=True, **{"backend": "nvml", **kwargs})
 
 
 def test_time_limit_ends_the_search_with_the_best_size_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -236,7 +237,7 @@ def test_a_steps_own_error_says_at_which_batch_size() -> None:
             raise error
 
     with pytest.raises(ValueError) as info:
-        unimem.find_batch_size(step, start=8, margin=0.0)
+        unimem.find_batch_size(step, backend="nvml", start=8, margin=0.0)
     assert info.value is error  # the step's own error, as it came
     size = info.value.unimem_batch_size  # type: ignore[attr-defined]
     assert size > 20 and f"at batch size {size}" in "\n".join(info.value.__notes__)
@@ -249,7 +250,7 @@ def test_a_lowering_error_says_at_which_batch_size() -> None:
         return 1000 * n
 
     with pytest.raises(TypeError) as info:
-        unimem.find_batch_size(lambda n: None, start=8, lower=lower, limit=10**9)
+        unimem.find_batch_size(lambda n: None, backend="nvml", start=8, lower=lower, limit=10**9)
     size = info.value.unimem_batch_size  # type: ignore[attr-defined]
     assert size > 8 and f"lower({size}) raised this" in "\n".join(info.value.__notes__)
 
@@ -274,7 +275,7 @@ def test_progress_lines_are_not_wrapped_in_a_pipe() -> None:
     def step(n):
         if n > 50_000:
             raise MemoryError("out of memory")
-    unimem.find_batch_size(step, start=8, max_trials=1000, progress=True, collective=False)
+    unimem.find_batch_size(step, backend="nvml", start=8, max_trials=1000, progress=True, collective=False)
     """
     done = run_py(code, env={"COLUMNS": None})
     assert done.returncode == 0, done.stderr

@@ -370,29 +370,35 @@ def _fits_below(largest: int):
 
 @pytest.mark.slow
 def test_a_single_process_plans_the_global_batch_and_tries_no_larger_share():
-    found = find_batch_size(_fits_below(1000), start=4, target_global_batch=100, return_trials=True, progress=False)
+    found = find_batch_size(
+        _fits_below(1000), backend="nvml", start=4, target_global_batch=100, return_trials=True, progress=False
+    )
     assert found.world_size == 1 and found.batch_size == 100, "no micro-batch above the target is tried"
     assert found.plan == plan_accumulation(100, 100, 1) and "plan: global batch 100" in str(found)
-    assert find_batch_size(_fits_below(1000), start=4, target_global_batch=100) == 100, "the int alone otherwise"
-    small = find_batch_size(_fits_below(30), start=4, margin=0.0, target_global_batch=100, return_trials=True)
+    assert find_batch_size(_fits_below(1000), backend="nvml", start=4, target_global_batch=100) == 100, (
+        "the int alone otherwise"
+    )
+    small = find_batch_size(
+        _fits_below(30), backend="nvml", start=4, margin=0.0, target_global_batch=100, return_trials=True
+    )
     assert small.batch_size == 30 and small.plan is not None
     assert (small.plan.steps, small.plan.sizes(0)) == (4, (25, 25, 25, 25))
     assert small.as_dict()["plan"] == {"global_batch": 100, "world_size": 1, "steps": 4, "micro_batch": 25}
 
 
 def test_a_single_process_without_a_target_has_no_plan():
-    found = find_batch_size(_fits_below(30), start=4, return_trials=True)
+    found = find_batch_size(_fits_below(30), backend="nvml", start=4, return_trials=True)
     assert found.plan is None and found.world_size == 1 and "plan:" not in str(found)
 
 
 def test_collective_true_without_a_runtime_is_a_clear_error():
     with pytest.raises(unimem.ClusterError, match="collective=True"):
-        find_batch_size(_fits_below(30), start=4, collective=True)
+        find_batch_size(_fits_below(30), backend="nvml", start=4, collective=True)
 
 
 def test_a_model_no_framework_knows_is_refused():
     with pytest.raises(ConfigError) as caught:
-        find_batch_size(_fits_below(30), start=4, model=object())
+        find_batch_size(_fits_below(30), backend="nvml", start=4, model=object())
     assert caught.value.parameter == "model"
 
 
@@ -407,7 +413,7 @@ def test_a_launcher_without_a_runtime_is_the_cluster_views_error(pyjson):
             call()
         except unimem.ClusterError as exc:
             out[name] = str(exc)
-    out["alone"] = unimem.find_batch_size(lambda n: None, start=4, max_size=16, collective=False)
+    out["alone"] = unimem.find_batch_size(lambda n: None, backend="nvml", start=4, max_size=16, collective=False)
     emit(out)
     """
     out = pyjson(code, env={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})

@@ -208,6 +208,7 @@ def search(device: Device, reading: str, **kwargs: Any) -> unimem.BatchSizeSearc
         kwargs.update(measure=device.measure, limit=math.ceil(device.limit * (1 + device.noise)))
     elif device.predictions != "none":
         kwargs["limit"] = device.limit  # blind: only the predictions are held against it
+    kwargs.setdefault("backend", "nvml")  # no framework's figures: the step's own, or none
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", unimem.UnimemWarning)
         return unimem.find_batch_size(device.step, return_trials=True, **kwargs)
@@ -454,7 +455,9 @@ def test_an_interrupt_carries_the_best_size_so_far(simulated: Current) -> None:
     if notes is not None:  # Python 3.11+
         assert any(f"the largest batch size that ran: {max(ran)}" in note for note in notes), notes
     with pytest.raises(KeyboardInterrupt) as info:
-        unimem.find_batch_size(lambda n: (_ for _ in ()).throw(KeyboardInterrupt()), start=8, measure=lambda: 1)
+        unimem.find_batch_size(
+            lambda n: (_ for _ in ()).throw(KeyboardInterrupt()), backend="nvml", start=8, measure=lambda: 1
+        )
     assert info.value.unimem_best_size is None  # type: ignore[attr-defined]
 
 

@@ -62,4 +62,5 @@ def agree(run: Run, kind: str, size: int, outcome: Outcome, elapsed: float) -> O
         worst([p["peak_reserved"] for p in every]) if fits else None,
         known([p["kept"] for p in every]),
         known([p["overhead"] for p in every]) if fits else None,
+        worst([p.get("in_use") for p in every]),
     )

@@ -127,12 +127,14 @@ def find_batch_size(
     Args:
         step: Runs one training step at the given size, letting out-of-memory errors propagate; None: a decorator.
         start: The first size to try (an int of 1 or more); halved until one fits.
-        backend: The framework read; None (default): configured, else imported, else the one the first trial imports.
+        backend: The framework read; None (default): the step's (a framework object), else configured, else imported;
+            ``"nvml"``: a step of no framework (its peaks from ``measure=``, else the host's memory).
         device: The device index (default 0).
         max_size: An upper bound on the answer (at least ``start``); None (default): no bound.
         margin: The answer is at least ``(1 - margin)`` × the largest size that fits, never above it (default 0.05).
         measure: Returns the last trial's peak bytes; None (default): ``stats().peak_allocated`` after ``reset_peak()``.
-        limit: Bytes (or ``"20GiB"``) a trial's peak may reach; None (default): the framework's cap, else the host's.
+        limit: Bytes (or ``"20GiB"``) a trial's peak may reach (on a host: its resident peak); None (default): the
+            framework's cap, else the host's.
         baseline: Bytes in use before the search; None (default): ``stats().allocated`` then (none with ``measure=``).
         max_trials: The most calls of ``step``, re-runs included (default 20); the answer is then the largest that ran.
         return_trials: True returns a ``BatchSizeSearch`` (every trial, the notes) instead of the int.
@@ -150,15 +152,19 @@ def find_batch_size(
         without ``step``.
 
     Raises:
-        ConfigError: A bad argument, before any trial (``exc.parameter`` names it), or ``limit=`` with no peak to hold.
+        ConfigError: A bad argument, before any trial (``exc.parameter`` names it): ``limit=`` with no peak to hold,
+            no framework (or several) and no ``backend=``.
         OutOfMemory: Even batch size 1 does not fit (``exc.report`` says why), or none fit in the calls or time given.
         ClusterError: Over ranks: a rank did not answer within ``timeout``, or another rank's step raised; or the
             environment says there are several ranks but no distributed runtime runs (``collective=False``: alone).
+        SearchError: The peaks did not grow with the batch size (before a size that could not fit at a byte a sample),
+            or the answer failed its re-check while the memory in use grew (a leak) and no size ran again.
         Exception: The step's own error (not out of memory), as it came, with its size as ``exc.unimem_batch_size``.
         KeyboardInterrupt: Ctrl-C, with the largest size that ran so far as ``exc.unimem_best_size``.
 
     Warns:
-        UnimemWarning: The calls or the time ran out before the answer was within ``margin``, or it did not run again.
+        UnimemWarning: The calls or the time ran out before the answer was within ``margin``, it did not run again,
+            or only one size lower ran again after the step leaked.
 
     Example:
         ```python

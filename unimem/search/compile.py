@@ -39,10 +39,11 @@ def _timed(work: Callable[[], T], began: float) -> Sized[T]:
 
 
 def size_all(lower: Callable[[int], Any], size: Callable[[Any], T], sizes: list[int], threads: int) -> list[Sized[T]]:
-    """``size(lower(n))`` for each of ``sizes``, in order. With ``threads`` above 1 (and more
-    than one size), every ``lower(n)`` first, here, then the sizing in that many threads at
-    once; else each size lowered and sized before the next is lowered."""
-    if threads <= 1 or len(sizes) <= 1:
+    """``size(lower(n))`` for each of ``sizes``, in order. With ``threads`` above 1, every ``lower(n)``
+    first, here, then the sizing in that many threads at once (one size too: this thread then waits
+    where Ctrl-C reaches it at once, not inside a compilation); else each size lowered and sized
+    before the next is lowered."""
+    if threads <= 1 or not sizes:
         out: list[Sized[T]] = []
         for n in sizes:
             began = time.perf_counter()
@@ -53,9 +54,17 @@ def size_all(lower: Callable[[int], Any], size: Callable[[Any], T], sizes: list[
 
     began = time.perf_counter()
     steps: list[Sized[Any]] = [_timed(partial(lower, n), began) for n in sizes]
-    with ThreadPoolExecutor(max_workers=min(threads, len(sizes)), thread_name_prefix="unimem-compile") as pool:
+    pool = ThreadPoolExecutor(max_workers=min(threads, len(sizes)), thread_name_prefix="unimem-compile")
+    try:
         futures = [None if s.error is not None else pool.submit(_timed, partial(size, s.value), began) for s in steps]
-        return [
+        done = [
             Sized(None, s.error, s.seconds) if future is None else future.result()
             for s, future in zip(steps, futures, strict=True)
         ]
+    except BaseException:
+        # Ctrl-C: the interrupt goes up at once; a compilation under way ends on its own (nothing can
+        # stop one), and none not yet begun starts.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return done

@@ -38,13 +38,19 @@ class HostLimit:
     available: int  # what the host (or its cgroup) could still give then
     processes: int  # the processes of this host the available memory is shared by
 
-    def note(self) -> str:
+    def note(self, limit: int | None = None) -> str:
+        """Said in the search's notes; ``limit``: the ``limit=`` held against the same resident peak."""
         shared = f" shared by {self.processes} processes of this host" if self.processes > 1 else ""
-        return (
-            f"no device figures: sizes held to the host's memory, a resident peak of at most "
-            f"{format_bytes(self.limit)} ({format_bytes(self.resident)} in use + {SHARE:.0%} of the "
-            f"{format_bytes(self.available)} available{shared}); pass limit= and measure= to hold them to another"
+        host = (
+            f"a resident peak of at most {format_bytes(self.limit)} ({format_bytes(self.resident)} in use + "
+            f"{SHARE:.0%} of the {format_bytes(self.available)} available{shared})"
         )
+        if limit is not None:
+            return (
+                f"no device figures: limit={format_bytes(limit)} held against the process's resident peak "
+                f"(the host's memory), and no higher than {host}"
+            )
+        return f"no device figures: sizes held to the host's memory, {host}; pass limit= or measure= for another"
 
 
 def read_limit(processes: int = 1) -> HostLimit | None:

@@ -148,7 +148,10 @@ def _place(run: Run) -> tuple[int, str] | None:
     if allowed is None:
         scale.distrust = "no limit to hold the predicted peaks against"
         return None
-    bounds = [x for x in (None if run.bad is None else run.bad - 1, run.settings.max_size) if x is not None]
+    # On the host, no size more than ``HOST_GROWTH`` times the largest that ran, as in a measured search:
+    # a size that does not fit kills the process, and each size costs the CPU in proportion.
+    grown = HOST_GROWTH * good if run.host is not None else None
+    bounds = [x for x in (None if run.bad is None else run.bad - 1, run.settings.max_size, grown) if x is not None]
     # At the ceiling the largest size is wanted to within the margin; a split needs only its region
     # (each compilation of a large step costs seconds on a GPU).
     most = (_COMPILES_PER_PLACEMENT if scale.rising else _COMPILES_PER_PLACEMENT_GIVEN) if share == 1 else 1

@@ -154,3 +154,4 @@ class Outcome:
     peak_reserved: int | None = None
     kept: int | None = None
     overhead: int | None = None
+    in_use: int | None = None  # bytes in use before the call (a leak shows as their growth)

@@ -10,11 +10,13 @@ import itertools
 import math
 
 __all__ = [
+    "FLAT_NOISE",
     "MAX_EXTRAPOLATION",
     "SATURATION_CAUSE",
     "climbing",
     "fit",
     "fit_linear",
+    "flat_past",
     "knee",
     "line_bound",
     "log_width",
@@ -86,6 +88,28 @@ def fit(
     n, m = chosen[-1]
     convex = convex or m - (a + b * n) > 0.05 * b * n
     return (a, b), convex
+
+
+# What a reading may be off by where peaks are read as flat, as a share of it: the noisiest readings
+# the search is tested against (a peak that moves with the allocator's history).
+FLAT_NOISE = 0.05
+
+
+def flat_past(
+    points: list[tuple[int, int]], limit: int | None, size: int
+) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The smallest and the largest measured ``(size, peak)`` when the peaks grew by less than a byte a
+    sample between them and ``size`` lies further past the smallest than the bytes the limit leaves
+    above its peak, each reading off by up to ``FLAT_NOISE`` the way that hides growth most: at a
+    byte a sample or more it cannot fit, so the peaks do not see the step's memory (or it does not
+    depend on the batch size) and say nothing of what fits. None otherwise."""
+    if limit is None or len(points) < 2:
+        return None
+    (n1, p1), (n2, p2) = min(points), max(points)
+    rose = p2 * (1 + FLAT_NOISE) - p1 * (1 - FLAT_NOISE)  # the most the step's own peak can have grown
+    if n2 > n1 and rose < (1 - FLAT_NOISE) * (n2 - n1) and size - n1 > limit - p1 / (1 + FLAT_NOISE):
+        return (n1, p1), (n2, p2)
+    return None
 
 
 def predict(model: tuple[float, float] | None, limit: int | None) -> int | None:

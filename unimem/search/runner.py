@@ -13,20 +13,21 @@ from typing import Any
 
 from unimem import registry
 from unimem.diagnose.guard import find_oom
-from unimem.errors import ConfigError, OutOfMemory, UnimemWarning
+from unimem.errors import ConfigError, OutOfMemory, SearchError, UnimemWarning
 from unimem.search.agreement import agree, agree_open
 from unimem.search.attempt import attempt, tell_ranks
+from unimem.search.leak import Reading, growth, leak_text
 from unimem.search.policy import call_budget, choose, is_converged
 from unimem.search.predictions import first_size, new_scale, predicted_peak, prediction_notes
 from unimem.search.progress import Progress, interrupted
 from unimem.search.ranks import Outcome, Ranks, connect
 from unimem.search.result import BatchSizeSearch, Trial
-from unimem.search.rules import SATURATION_CAUSE, fit, saturation_note
+from unimem.search.rules import SATURATION_CAUSE, fit, flat_past, saturation_note
 from unimem.search.settings import Settings, aimed
 from unimem.search.state import (
     Run,
-    adopt,
     capacity_of,
+    check_peaks,
     framework,
     hold_to_host,
     measured_by,
@@ -46,20 +47,15 @@ __all__ = ["clock", "run_search"]
 clock = time.perf_counter
 
 
-def _open(settings: Settings, over: Ranks | None = None) -> Run:
+def _open(settings: Settings, step: object, over: Ranks | None = None) -> Run:
     """The search's state before its first trial: the framework, the limit, the baseline; over
-    ranks, agreed by all of them (progress lines on rank 0 only)."""
+    ranks, agreed by all of them (progress lines on rank 0 only). Whatever cannot work is a
+    ``ConfigError`` here, before any trial."""
     shown = settings.progress if over is None or over.rank == 0 else False
     run = Run(settings, progress=Progress(shown), ranks=over, began=clock())
-    run.use(framework(settings))
+    run.use(framework(settings, step))
     if settings.lower is not None:
         run.scale = new_scale(run)
-    elif settings.limit is not None and settings.measure is None and run.backend is None:
-        raise ConfigError(
-            "limit",
-            "a limit needs each trial's peak memory, and no framework is in use to report it; "
-            "pass measure= (a callable returning the last trial's peak bytes) or backend=",
-        )
     if run.backend is not None:
         release(run)
     run.before = take_snapshot(run)
@@ -76,49 +72,58 @@ def _open(settings: Settings, over: Ranks | None = None) -> Run:
     if run.before is not None and settings.measure is None:
         run.running_peak = run.before.peak_allocated
     hold_to_host(run)
+    check_peaks(run)
     if over is not None:
         agree_open(run)
     return run
 
 
-def _trial(step: Callable[[int], Any], run: Run, size: int, reason: str) -> None:
-    """One real call of ``step``, measured, released and recorded."""
-    predicted = predicted_peak(run, size)
+def _call(step: Callable[[int], Any], run: Run, size: int, kind: str) -> tuple[Outcome, BaseException | None]:
+    """One real call of ``step``: the bytes in use read and the peak restarted before it, the peak
+    read after it and held to the limit, released (outside the except block: the frames are gone),
+    and agreed over ranks. Returns the outcome and, for a final report, the out-of-memory error."""
     in_use = None
     if run.settings.measure is None and run.adapter is not None:
         run.adapter.reset_peak(run.device)
         in_use = run.adapter.stats(run.device, nvml=False).allocated
     if run.host_peaks is not None:
         run.host_peaks.begin()
-    kept_before = run.kept_total
     t0 = clock()
     run.calls += 1
-    error, run.last_oom = attempt(step, size, run.bad is not None, run.adapter, run.ranks)
+    error, oom = attempt(step, size, run.bad is not None, run.adapter, run.ranks, kind)
     seconds = clock() - t0
-    peak, peak_reserved, overhead = _read_peak(run, size) if error is None else (None, None, None)
-    error = error or _past_limit(run, peak)
-    release(run, failed=error is not None)  # outside the except block: the frames are gone
+    peak, peak_reserved, overhead = _read_peak(run, size, kind) if error is None else (None, None, None)
+    if kind == "trial" or run.settings.measure is not None:  # a re-run's own figures: not held, read only
+        error = error or _past_limit(run, peak)
+    release(run, failed=error is not None)
     kept = read_kept(run, in_use) if error is not None else None
-    if run.backend is None and run.settings.backend is None and not run.trials:
-        adopt(run)
-    outcome = Outcome(error, seconds, peak, peak_reserved, kept, overhead)
-    agreed = agree(run, "trial", size, outcome, clock() - run.began)
-    error, seconds, peak, peak_reserved, kept = (
-        agreed.error,
-        agreed.seconds,
-        agreed.peak,
-        agreed.peak_reserved,
-        agreed.kept,
-    )
-    run.failed_calls += error is not None
+    outcome = Outcome(error, seconds, peak, peak_reserved, kept, overhead, in_use)
+    agreed = agree(run, kind, size, outcome, clock() - run.began)
+    run.failed_calls += agreed.error is not None
+    # The host's resident figures count the process's own growth (compiled programs, pages the allocator
+    # keeps): no reading of a leak. The framework's and measure='s count the step's.
+    read = agreed.peak if run.host is None else None
+    run.readings.append(Reading(size, agreed.error is None, agreed.in_use, read, run.kept_seen))
+    run.kept_seen += agreed.kept or 0
+    return agreed, oom
+
+
+def _trial(step: Callable[[int], Any], run: Run, size: int, reason: str) -> None:
+    """One call of ``step`` that the search places the next size from, recorded."""
+    predicted = predicted_peak(run, size)
+    kept_before = run.kept_total
+    agreed, run.last_oom = _call(step, run, size, "trial")
+    error, peak = agreed.error, agreed.peak
     if agreed.overhead is not None and size > run.good:
         run.overhead = agreed.overhead  # the pool's overhead at the largest trial that fit
     if error is not None and run.adapter is not None and run.adapter.failed_step_keeps_outputs:
         # Lost for good. Elsewhere what stays is the step's own state (gradients a failed
         # backward set), which the next step reuses.
-        run.kept_total += kept or 0
-    run.trials.append(Trial(size, error is None, peak, seconds, reason, error, peak_reserved, kept, predicted))
-    run.progress.call(size, error is None, peak, seconds, reason, run.calls, run.settings.max_trials)
+        run.kept_total += agreed.kept or 0
+    run.trials.append(
+        Trial(size, error is None, peak, agreed.seconds, reason, error, agreed.peak_reserved, agreed.kept, predicted)
+    )
+    run.progress.call(size, error is None, peak, agreed.seconds, reason, run.calls, run.settings.max_trials)
     if run.scale is not None:
         run.scale.ran(size, error is None, kept_before, peak)
     run.point_kept[size] = kept_before
@@ -182,11 +187,11 @@ def _quiet(step: Callable[[int], Any], model: Any) -> Callable[[int], Any]:
 
 
 def run_search(step: Callable[[int], Any], settings: Settings) -> BatchSizeSearch:
-    began = time.perf_counter()
+    began, original = time.perf_counter(), step
     if settings.model is not None:
         step = _quiet(step, settings.model)
     over = connect(settings.collective, settings.timeout)
-    run = _open(aimed(settings, over), over)
+    run = _open(aimed(settings, over), original, over)
     try:
         size, reason = first_size(run), "start"
         while True:
@@ -201,10 +206,29 @@ def run_search(step: Callable[[int], Any], settings: Settings) -> BatchSizeSearc
             converged = is_converged(run)  # the sizes compiled to place it may bound the answer
             if converged:
                 break
+            _refuse_flat(run, size)
         return _finish(step, run, converged, began)
     except KeyboardInterrupt as exc:
         interrupted(exc, run.good or None, run.calls)
         raise
+
+
+def _refuse_flat(run: Run, size: int) -> None:
+    """A ``SearchError`` before a size that cannot fit at a byte a sample while the peaks grew less
+    than that (``rules.flat_past``): they do not see the step's memory, and a size placed on them
+    would grow until the calls ran out, far past what anything can allocate."""
+    flat = flat_past(run.points + run.bounded, run.limit, size)
+    if flat is None or run.limit is None:
+        return
+    (n1, p1), (n2, p2) = flat
+    raise SearchError(
+        f"find_batch_size: the peaks did not grow with the batch size: from {n1} to {n2} they rose "
+        f"{format_bytes(max(0, p2 - p1))} ({run.measured_by}), less than a byte a sample, and the next size, "
+        f"{size}, could not fit under the limit {format_bytes(run.limit)} even at a byte a sample ({len(run.trials)} "
+        f"trials, {run.trials[0].batch_size} to {n2}). The figures read do not see the step's memory, or it does "
+        "not depend on the batch size: pass measure= returning the step's peak bytes (with limit=), or max_size= "
+        "to bound the answer"
+    )
 
 
 def _out_of_time(run: Run) -> bool:
@@ -237,16 +261,16 @@ def _finish(step: Callable[[int], Any], run: Run, converged: bool, began: float)
     ) + (f" before the answer was within margin={settings.margin}; returning {run.good}, the largest size that ran")
     if not converged:
         warnings.warn(f"find_batch_size: {spent}", UnimemWarning, stacklevel=4)
-    answer, confirmations, confirmed, notes = _conclude(step, run)
-    if confirmed is False:
-        warnings.warn(f"find_batch_size: {notes[-1]}", UnimemWarning, stacklevel=4)
+    answer, confirmations, confirmed, notes, warning = _conclude(step, run)
+    if warning is not None:
+        warnings.warn(f"find_batch_size: {warning}", UnimemWarning, stacklevel=4)
     release(run, final=True)
     after = take_snapshot(run)
     if run.limit is None and settings.measure is None and run.scale is None:
         notes.append("no memory limit known: searched by doubling and bisection, without a model")
     notes += prediction_notes(run)
     if run.host is not None:
-        notes.append(run.host.note())
+        notes.append(run.host.note(settings.limit))
     if not converged:
         notes.insert(0, spent)
     scale = run.scale
@@ -278,9 +302,11 @@ def _finish(step: Callable[[int], Any], run: Run, converged: bool, began: float)
     )
 
 
-def _conclude(step: Callable[[int], Any], run: Run) -> tuple[int, tuple[Trial, ...], bool | None, list[str]]:
-    """After the search: the answer re-run or not (see ``_confirm``), and the notes on what
-    the peaks and the failed trials showed."""
+def _conclude(
+    step: Callable[[int], Any], run: Run
+) -> tuple[int, tuple[Trial, ...], bool | None, list[str], str | None]:
+    """After the search: the answer re-run or not (see ``_confirm``), the notes on what the peaks
+    and the failed trials showed, and the one of them to warn with (None: none)."""
     good, limit, kept_total = run.good, run.limit, run.kept_total
     cause = _saturation_cause(run)
     saturated = None if cause is None else saturation_note(run.points, limit, good, cause)
@@ -294,23 +320,61 @@ def _conclude(step: Callable[[int], Any], run: Run) -> tuple[int, tuple[Trial, .
             f"beside the {format_bytes(kept_total)} the failed trials left in use (limit {format_bytes(limit)}); "
             f"start a fresh process with batch size {good}"
         )
-        return good, (), False, notes
+        return good, (), False, notes, notes[-1]
     answer, confirmations, confirmed = _confirm(step, run)
+    said = _rechecked(run, answer, confirmations, confirmed)
+    notes += [] if said is None else [said]
+    return answer, confirmations, confirmed, notes, said if said is not None and confirmed is not None else None
+
+
+def _rechecked(run: Run, answer: int, confirmations: tuple[Trial, ...], confirmed: bool | None) -> str | None:
+    """What the re-runs of the answer say: that none was left for it, that the step leaks (a
+    ``SearchError`` where no size ran again), or why the answer did not run again; None: it ran."""
+    good = run.good
     spent = (
         f"time_limit={run.settings.time_limit:g} s passed"
         if run.out_of_time
         else f"max_trials={run.settings.max_trials} spent"
     )
-    if confirmed is None and run.settings.confirm and _failed_after(run):
-        notes.append(f"{good} was not re-run after the search's last failure: {spent}")
-    if confirmed is False:
-        why = "the failed trials left memory in use (above)" if kept_total else "the pool is left fragmented"
-        lower = f", nor did {confirmations[-1].batch_size}" if len(confirmations) > 1 else f" (no size lower: {spent})"
-        notes.append(
-            f"{good} ran during the search but not again after its last out-of-memory error{lower}: {why}; "
-            f"start a fresh process with batch size {good}"
-        )
-    return answer, confirmations, confirmed, notes
+    if confirmed is None:
+        unchecked = run.settings.confirm and _failed_after(run)
+        return f"{good} was not re-run after the search's last failure: {spent}" if unchecked else None
+    leaked = _leaked(run, confirmations)
+    if leaked is not None:
+        text = leak_text(good, leaked, run.measured_by)
+        if confirmed is not True:
+            raise SearchError(f"find_batch_size: {text} (no size ran again: {_sizes(confirmations)})")
+        return f"{text}; {answer} ran again, one size lower, but fits less with every call"
+    if confirmed is True:
+        return None
+    why = "the failed trials left memory in use (above)" if run.kept_total else _why_not_again(run)
+    lower = f", nor did {confirmations[-1].batch_size}" if len(confirmations) > 1 else f" (no size lower: {spent})"
+    return (
+        f"{good} ran during the search but not again after its last out-of-memory error{lower}: {why}; "
+        f"start a fresh process with batch size {good}"
+    )
+
+
+def _sizes(trials: tuple[Trial, ...]) -> str:
+    return ", ".join(f"{t.batch_size} {'fits' if t.fits else 'failed'}" for t in trials)
+
+
+def _leaked(run: Run, confirmations: tuple[Trial, ...]) -> int | None:
+    """The bytes the step held more when the answer failed its re-check than when it ran in the
+    search (``leak.growth``); None when the re-check ran, or no growth past the noise was read."""
+    if not confirmations or confirmations[0].fits or len(run.readings) <= len(run.trials):
+        return None
+    again = run.readings[len(run.trials)]  # the re-check's: the readings of the re-runs follow the trials'
+    ran = [r for r in run.readings[: len(run.trials)] if r.size == again.size and r.fits]
+    return None if not ran else growth(ran[-1], again, run.limit)
+
+
+def _why_not_again(run: Run) -> str:
+    """Why the answer did not run again, as far as the readings say: with the bytes in use read before
+    each call (and no growth, or ``_leaked`` had found it), what fits changed with the failed trials."""
+    if any(r.in_use is not None for r in run.readings[len(run.trials) :]):
+        return "the memory in use before it had not grown enough to explain that (no leak)"
+    return "what fits changed after the failed trials (no figure of the step's memory in use was read)"
 
 
 def _saturation_cause(run: Run) -> str | None:
@@ -342,22 +406,11 @@ def _kept_note(run: Run) -> str | None:
 
 
 def _rerun(step: Callable[[int], Any], run: Run, size: int, reason: str) -> Trial:
-    """One call of ``step`` after the search, released like a trial; its peak is no point of the fit."""
-    t0 = clock()
-    run.calls += 1
-    error, _ = attempt(step, size, True, run.adapter, run.ranks, "re-run")
-    seconds = clock() - t0
-    peak = None
-    if run.settings.measure is not None and error is None:
-        # Read (which also drops it, so no later reading sees it) and held to the limit like a trial's.
-        peak = _read_peak(run, size, "re-run")[0]
-        error = _past_limit(run, peak)
-    release(run, failed=error is not None)
-    agreed = agree(run, "re-run", size, Outcome(error, seconds), clock() - run.began)
-    error, seconds = agreed.error, agreed.seconds
-    run.failed_calls += error is not None
-    run.progress.call(size, error is None, peak, seconds, reason, run.calls, run.settings.max_trials)
-    return Trial(size, error is None, peak, seconds, reason, error)
+    """One call of ``step`` after the search, measured and released like a trial; its peak is no point of the fit."""
+    agreed, _ = _call(step, run, size, "re-run")
+    fits = agreed.error is None
+    run.progress.call(size, fits, agreed.peak, agreed.seconds, reason, run.calls, run.settings.max_trials)
+    return Trial(size, fits, agreed.peak, agreed.seconds, reason, agreed.error)
 
 
 def _settling(run: Run) -> contextlib.AbstractContextManager[None]:

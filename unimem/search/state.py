@@ -13,11 +13,13 @@ from unimem import api, ranks, registry
 from unimem.errors import ConfigError, UnimemWarning
 from unimem.memory_stats import MemoryStats
 from unimem.search.host_limit import HostLimit, HostPeaks, read_limit
+from unimem.search.leak import Reading
 from unimem.search.progress import Progress
 from unimem.search.result import Trial
 from unimem.search.rules import line_bound
 from unimem.search.scale import Scale
 from unimem.search.settings import Settings, measured
+from unimem.sizes import format_bytes
 
 if TYPE_CHECKING:
     from unimem.backends.base import Backend
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Run",
-    "adopt",
+    "check_peaks",
     "capacity_of",
     "framework",
     "hold_to_host",
@@ -92,6 +94,8 @@ class Run:
     began: float = 0.0  # clock() when the search began
     elapsed: float | None = None  # over ranks: the longest any rank has searched, as of the last agreement
     out_of_time: bool = False  # time_limit= passed before the answer was within the margin
+    readings: list[Reading] = field(default_factory=list)  # what was read of every call, re-runs included
+    kept_seen: int = 0  # bytes every failed call left in use, as measured after each (``leak``)
 
     @property
     def device(self) -> int:
@@ -103,18 +107,28 @@ class Run:
         self.adapter = None if backend is None else registry.get_backend(backend)
 
 
-def framework(settings: Settings) -> str | None:
-    """The framework whose figures to read: the one named (None for the framework-free view),
-    else the one an action means (``registry.resolve``); None while no framework is configured
-    or imported (the first trial may import it). Several in use is a ``ConfigError``."""
+def framework(settings: Settings, step: object = None) -> str | None:
+    """The framework whose figures to read: the one named (None for ``"nvml"``, the framework-free
+    view: figures from ``measure=`` or the host), else that of ``model=`` or of the step where either
+    is a framework object (a torch Module, a Keras layer, a bound method of one), else the one an
+    action means (``registry.resolve``): none configured or imported, or several, is a
+    ``ConfigError`` listing the candidates, before any trial."""
     if settings.backend is not None:
         return settings.backend if registry.is_framework(settings.backend) else None
+    for obj in (settings.model, step):
+        owner = registry.framework_of_object(obj)
+        if owner is not None:
+            return owner
     try:
         return registry.resolve(None, "action")
-    except ConfigError:
+    except ConfigError as exc:
         if registry.imported_frameworks() or registry.configured():
             raise  # several in use: unimem never guesses
-        return None
+        raise ConfigError(
+            "backend",
+            f"{exc}; or backend='nvml' for a step that uses no framework (its peaks then come from measure= "
+            "or the host's memory)",
+        ) from None
 
 
 def take_snapshot(run: Run) -> MemoryStats | None:
@@ -150,26 +164,58 @@ def measured_by(run: Run) -> str:
     return "nothing (no framework in use, no measure=)"
 
 
-def hold_to_host(run: Run) -> None:
-    """Where nothing bounds the sizes (no ``limit=``, no ``measure=``, and no device figure: a host
-    without a GPU), the host's memory does (``host_limit``): past it the kernel kills the process
-    rather than the step raising. Ranks of one host share it."""
-    settings = run.settings
-    if settings.limit is not None or settings.measure is not None or run.limit is not None:
-        return
+def _no_device_figures(run: Run) -> bool:
+    """Whether neither the framework nor the framework-free view knows a device: a host without a GPU."""
     view = run.before if run.before is not None else api.framework_free_stats(run.device)
-    if view.device_total is not None or view.peak_allocated is not None or view.limit is not None:
+    return view.device_total is None and view.peak_allocated is None and view.limit is None
+
+
+def hold_to_host(run: Run) -> None:
+    """Where no device figure bounds the sizes or reads the peaks (a host without a GPU) and no
+    ``measure=`` does, the host's memory does (``host_limit``): past it the kernel kills the process
+    rather than the step raising. A ``limit=`` is then held against the same resident peak, and no
+    higher than the host's (with ``lower=`` it holds the predicted peaks instead). Ranks of one host
+    share it. A ``limit=`` the process passed before any trial is a ``ConfigError``."""
+    settings = run.settings
+    own = settings.limit is not None
+    if settings.measure is not None or (own and settings.lower is not None) or (not own and run.limit is not None):
+        return
+    if not _no_device_figures(run):
         return
     local = ranks.rank_info(runtime=False).local_world_size
     held = read_limit(local or (1 if run.ranks is None else run.ranks.world_size))
     if held is None:
         return
+    if settings.limit is not None and settings.limit <= held.resident:
+        raise ConfigError(
+            "limit",
+            f"limit={format_bytes(settings.limit)} is no more than the {format_bytes(held.resident)} this process "
+            "holds already: on a host without device figures a trial's peak is the process's resident peak "
+            "(the interpreter and libraries count); pass a limit above it, or measure= with the step's own peak",
+        )
     run.host, run.host_peaks = held, HostPeaks()
-    run.limit, run.measured_by = held.limit, measured_by(run)
+    run.limit = held.limit if settings.limit is None else min(settings.limit, held.limit)
+    run.measured_by = measured_by(run)
     run.baseline = held.resident if settings.baseline is None else settings.baseline
     run.running_peak = run.host_peaks.so_far()
     if run.scale is not None:
         run.scale.held = run.baseline
+
+
+def check_peaks(run: Run) -> None:
+    """``limit=`` needs each trial's peak: from ``measure=``, the framework, the host, or ``lower=``'s
+    predictions. With none of them, a ``ConfigError`` before any trial."""
+    settings = run.settings
+    if settings.limit is None or settings.measure is not None or settings.lower is not None or run.host is not None:
+        return
+    if run.before is not None and run.before.peak_allocated is not None:
+        return
+    where = "no framework is in use" if run.backend is None else f"stats({run.backend!r}) reads no peak here"
+    raise ConfigError(
+        "limit",
+        f"a limit needs each trial's peak memory: {where}, and this host's memory figures cannot be read; "
+        "pass measure= (a callable returning the last trial's peak bytes), or drop limit=",
+    )
 
 
 def reread_capacity(run: Run) -> bool:
@@ -194,26 +240,6 @@ def reread_capacity(run: Run) -> bool:
         run.scale.room = room
         changed = True
     return changed
-
-
-def adopt(run: Run) -> None:
-    """After the first trial, which may have imported the framework: read its figures from now on."""
-    run.use(framework(run.settings))
-    if run.backend is not None and run.settings.measure is None:
-        snapshot = take_snapshot(run)
-        limit = run.settings.limit if run.settings.limit is not None else capacity_of(run, snapshot)
-        if run.host is not None:
-            if limit is None:
-                return  # still no device figure: the host's
-            # A device after all: its figures from now on, none of the host's.
-            run.host = run.host_peaks = None
-            run.points.clear()
-            run.bounded.clear()
-            run.baseline, run.running_peak = run.settings.baseline, None
-        run.measured_by = measured_by(run)
-        run.limit = limit
-        if run.scale is not None:
-            run.scale.room = room_of(run, snapshot)
 
 
 def release(run: Run, *, failed: bool = False, final: bool = False) -> None:
