@@ -128,7 +128,7 @@ def find_batch_size(
         step: Runs one training step at the given size, letting out-of-memory errors propagate; None: a decorator.
         start: The first size to try (an int of 1 or more); halved until one fits.
         backend: The framework read; None (default): the step's (a framework object), else configured, else imported;
-            ``"nvml"``: a step of no framework (its peaks from ``measure=``, else the host's memory).
+            ``"nvml"``: a step of no framework (its peaks from ``measure=``, else a GPU-less host's memory).
         device: The device index (default 0).
         max_size: An upper bound on the answer (at least ``start``); None (default): no bound.
         margin: The answer is at least ``(1 - margin)`` × the largest size that fits, never above it (default 0.05).

@@ -126,8 +126,8 @@ def framework(settings: Settings, step: object = None) -> str | None:
             raise  # several in use: unimem never guesses
         raise ConfigError(
             "backend",
-            f"{exc}; or backend='nvml' for a step that uses no framework (its peaks then come from measure= "
-            "or the host's memory)",
+            f"{exc}; or backend='nvml' for a step that uses no framework (its peaks then come from measure=, "
+            "else on a host without a GPU from the host's memory)",
         ) from None
 
 
