@@ -247,7 +247,7 @@ def test_the_keras_callback_logs_the_host_peak(pyjson: Any, need: Any) -> None:
         model.compile(optimizer="sgd", loss="mse")
         cb = MemoryCallback()
         history = model.fit(np.ones((8, 4)), np.ones((8, 2)), epochs=2, batch_size=4, verbose=0, callbacks=[cb])
-        emit({"logs": history.history.get("mem_host_peak"), "epochs": [e["host_peak"] for e in cb.epochs]})
+        emit({"logs": history.history.get("mem_host_peak_mib"), "epochs": [e["host_peak"] for e in cb.epochs]})
         """,
         timeout=300,
     )
