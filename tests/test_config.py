@@ -333,6 +333,7 @@ def test_sizes_parse(text, size):
 
 UNITS = {"B": 1, "KB": 10**3, "KiB": 2**10, "MB": 10**6, "MiB": 2**20, "GB": 10**9, "GiB": 2**30}
 UNITS |= {"TB": 10**12, "TiB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "": 1}
+UNITS |= {"PB": 10**15, "PiB": 2**50, "EB": 10**18, "EiB": 2**60, "P": 2**50, "E": 2**60}
 
 
 @given(
@@ -348,6 +349,14 @@ def test_decimal_sizes_parse_exactly(whole, frac, unit, space):
     if exact.denominator != 1 or exact <= 0:
         return  # not a whole, positive number of bytes
     assert parse_size(f"{number}{' ' if space else ''}{unit}") == int(exact)
+
+
+@given(st.integers(1024, 1 << 70))
+def test_what_format_bytes_prints_reads_back_within_its_rounding(n):
+    from unimem.sizes import format_bytes
+
+    back = parse_size(format_bytes(n))
+    assert abs(back - n) <= 0.005 * n  # two decimals of the printed unit
 
 
 @given(st.integers(1, 1 << 50))

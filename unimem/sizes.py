@@ -27,6 +27,12 @@ _UNITS: dict[str, int] = {
     "t": 1024**4,
     "tb": 1000**4,
     "tib": 1024**4,
+    "p": 1024**5,
+    "pb": 1000**5,
+    "pib": 1024**5,
+    "e": 1024**6,
+    "eb": 1000**6,
+    "eib": 1024**6,
 }
 # What format_bytes prints in: a request as absurd as 2**58 bytes (256 PiB) still reads as one.
 _FORMAT_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
@@ -37,9 +43,9 @@ def parse_size(value: object, parameter: str = "limit") -> int:
     """Return ``value`` as a positive number of bytes.
 
     Accepts an int (bytes), a float with no fractional part, or a string with a unit.
-    Decimal units (``KB``, ``MB``, ``GB``, ``TB``) are powers of 1000, binary units
-    (``KiB``, ``MiB``, ``GiB``, ``TiB``) powers of 1024; a bare ``K``/``M``/``G``/``T``
-    is read as binary, as GPU tools print it. Units are case-insensitive, and a space
+    Decimal units (``KB`` ... ``EB``) are powers of 1000, binary units (``KiB`` ...
+    ``EiB``) powers of 1024; a bare ``K``/``M``/``G``/``T``/``P``/``E`` is read as
+    binary, as GPU tools print it, so whatever ``format_bytes`` prints reads back. Units are case-insensitive, and a space
     between number and unit is allowed. The result is exact (``"4.1 GB"`` is
     4100000000, not a float's rounding of it).
 
@@ -82,7 +88,7 @@ def parse_size(value: object, parameter: str = "limit") -> int:
         number, unit = match.groups()
         multiplier = _UNITS.get(unit.lower())
         if multiplier is None:
-            known = "B, KB, KiB, MB, MiB, GB, GiB, TB, TiB"
+            known = "B, KB, KiB, MB, MiB, GB, GiB, TB, TiB, PB, PiB, EB, EiB"
             raise ConfigError(parameter, f"unknown unit {unit!r} in {value!r}; use one of {known}")
         size = int(Decimal(number) * multiplier)  # float would turn "4.1 GB" into 4099999999
     else:

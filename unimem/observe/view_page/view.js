@@ -666,9 +666,9 @@
     if (value === null || value === undefined || value !== value) return "n/a";
     const sign = value < 0 ? "-" : "";
     const magnitude = Math.abs(value);
-    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    const units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let power = 0;
-    while (power < 4 && magnitude >= 1024 ** (power + 1)) power++;
+    while (power < units.length - 1 && magnitude >= 1024 ** (power + 1)) power++;
     if (power === 0) return `${sign}${Math.round(magnitude)} B`;
     if (!Number.isSafeInteger(magnitude)) return `${sign}${(magnitude / 1024 ** power).toFixed(2)} ${units[power]}`;
     const scaled = BigInt(magnitude) * 100n;
