@@ -45,8 +45,8 @@ def parse_size(value: object, parameter: str = "limit") -> int:
     Accepts an int (bytes), a float with no fractional part, or a string with a unit.
     Decimal units (``KB`` ... ``EB``) are powers of 1000, binary units (``KiB`` ...
     ``EiB``) powers of 1024; a bare ``K``/``M``/``G``/``T``/``P``/``E`` is read as
-    binary, as GPU tools print it, so whatever ``format_bytes`` prints reads back. Units are case-insensitive, and a space
-    between number and unit is allowed. The result is exact (``"4.1 GB"`` is
+    binary, as GPU tools print it, so whatever ``format_bytes`` prints reads back.
+    Units are case-insensitive, and a space between number and unit is allowed. The result is exact (``"4.1 GB"`` is
     4100000000, not a float's rounding of it).
 
     Args:
