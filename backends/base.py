@@ -34,6 +34,7 @@ from unimem.backends.topics import (
     Counters,
     DiagnoseTopic,
     DistributedTopic,
+    EstimateTopic,
     KeyValueStore,
     ObserveTopic,
     PrecisionHelpers,
@@ -51,6 +52,7 @@ from unimem.memory_stats import MemoryStats
 from unimem.support import Phase, Support, When
 
 if TYPE_CHECKING:
+    from unimem.estimate.plan import Measured, Plan
     from unimem.live_memory import LiveMemory
     from unimem.loss_scaling import LossScaler, ScalerConfig
 
@@ -60,6 +62,7 @@ __all__ = [
     "Counters",
     "Diagnose",
     "Distributed",
+    "Estimate",
     "KeyValueStore",
     "Observe",
     "Precision",
@@ -389,6 +392,11 @@ class Backend(ABC):
         """The reference workloads of ``unimem compare``; by default none."""
         return Workloads(self)
 
+    @cached_property
+    def estimate(self) -> EstimateTopic:
+        """A step's peak predicted without allocating it; by default ``UnsupportedFeature``."""
+        return Estimate(self)
+
 
 def _cannot(backend: Backend, feature: str, otherwise: str) -> str:
     """Why ``backend`` cannot do ``feature``: its row's note when the row says unsupported, else ``otherwise``."""
@@ -622,6 +630,19 @@ class Workloads:
     def workload_step(self, workload: str, shapes: Any, dtype: str) -> tuple[Callable[[], None], int]:
         name = self.backend.name
         raise UnsupportedFeature(name, "compare", f"{name} runs no workload")
+
+
+class Estimate:
+    """The estimate topic (``EstimateTopic``) of a framework that cannot size a step without running it."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def estimate_size(self, step: Any, size: int, plan: Plan) -> Measured:
+        name = self.backend.name
+        raise UnsupportedFeature(
+            name, "estimate", f"{name} cannot predict a step's peak without running it; measure it with unimem.track"
+        )
 
 
 def no_such_device(backend: str, device: int, count: int) -> ConfigError:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from unimem.backends.steps import Step
 
+    from unimem.estimate.plan import Measured, Plan
     from unimem.live_memory import LiveMemory
     from unimem.loss_scaling import LossScaler, ScalerConfig
     from unimem.memory_stats import MemoryStats
@@ -32,6 +33,7 @@ __all__ = [
     "Counters",
     "DiagnoseTopic",
     "DistributedTopic",
+    "EstimateTopic",
     "KeyValueStore",
     "ObserveTopic",
     "PrecisionHelpers",
@@ -335,6 +337,17 @@ class WorkloadsTopic(Protocol):
         ...
 
 
+class EstimateTopic(Protocol):
+    """A step's peak predicted without allocating it, for ``unimem.estimate_memory`` (``adapter.estimate``)."""
+
+    def estimate_size(self, step: Any, size: int, plan: Plan) -> Measured:
+        """What ``step`` (as this framework's users write one: ``unimem.estimate_memory`` says which) needs at
+        batch size ``size`` under ``plan``, found without allocating it: a trace of its allocations or the
+        compiler's figures. ``ConfigError("step")`` when ``step`` is not such a step; ``UnsupportedFeature``
+        (feature ``"estimate"``) naming what is missing where the framework cannot size it."""
+        ...
+
+
 # Each accessor of ``Backend`` and the protocol its object keeps, in the order the reference lists them.
 TOPICS: dict[str, type] = {
     "diagnose": DiagnoseTopic,
@@ -345,6 +358,7 @@ TOPICS: dict[str, type] = {
     "search": SearchTopic,
     "distributed": DistributedTopic,
     "workloads": WorkloadsTopic,
+    "estimate": EstimateTopic,
 }
 
 

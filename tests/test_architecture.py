@@ -176,6 +176,7 @@ TOPIC_MODULES = (
     "search",
     "distributed",
     "workloads",
+    "estimate",
 )
 
 

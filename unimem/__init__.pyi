@@ -26,6 +26,9 @@ from unimem.errors import TooLateError as TooLateError
 from unimem.errors import UnimemError as UnimemError
 from unimem.errors import UnimemWarning as UnimemWarning
 from unimem.errors import UnsupportedFeature as UnsupportedFeature
+from unimem.estimate.api import estimate_memory as estimate_memory
+from unimem.estimate.result import MemoryEstimate as MemoryEstimate
+from unimem.estimate.result import SizeEstimate as SizeEstimate
 from unimem.in_force import BackendConfiguration as BackendConfiguration
 from unimem.in_force import Configuration as Configuration
 from unimem.in_force import configuration as configuration

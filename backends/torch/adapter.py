@@ -18,6 +18,7 @@ from unimem.backends.topics import (
     AccumulationTopic,
     DiagnoseTopic,
     DistributedTopic,
+    EstimateTopic,
     ObserveTopic,
     PrecisionTopic,
     SaversTopic,
@@ -344,3 +345,9 @@ class TorchBackend(Backend):
         from .workloads import TorchWorkloads
 
         return TorchWorkloads(self)
+
+    @cached_property
+    def estimate(self) -> EstimateTopic:
+        from .estimate import TorchEstimate
+
+        return TorchEstimate(self)

@@ -165,14 +165,26 @@ def test_host_memory_is_replayed_in_exact_bytes() -> None:
     trace = _trace()
     trace.caching = False
     replayed = replay(trace)
-    assert replayed.reserved is None and replayed.cache == 0
+    assert replayed.reserved is None and replayed.cache == 0 and replayed.required == replayed.peak
     assert replayed.peak == (40 + 32 + 80 + 25 + 40) * MIB + 100
     assert sum(replayed.parts.values()) == replayed.peak
 
 
-def test_a_limit_says_whether_the_step_runs_out() -> None:
+def test_the_least_memory_a_step_runs_in_lies_between_its_peak_and_reserved() -> None:
     trace = _trace()
-    reserved = replay(trace).reserved
-    assert reserved is not None
-    assert not replay(trace, limit=reserved).oom
-    assert replay(trace, limit=200 * MIB).oom
+    replayed = replay(trace)
+    assert replayed.reserved is not None
+    assert replayed.peak <= replayed.required <= replayed.reserved
+    assert replayed.required % (2 * MIB) == 0
+    assert not _runs_out(trace, replayed.required)
+    assert _runs_out(trace, replayed.required - 2 * MIB)
+
+
+def _runs_out(trace: Trace, limit: int) -> bool:
+    model = CachingAllocator(limit)
+    try:
+        for key, nbytes in trace.events:
+            model.malloc(key, nbytes) if nbytes else model.free(key)
+    except OutOfDeviceMemory:
+        return True
+    return False

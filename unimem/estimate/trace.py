@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from unimem.estimate.allocator import CachingAllocator, OutOfDeviceMemory
+from unimem.estimate.allocator import ROUND_LARGE, CachingAllocator, OutOfDeviceMemory
 
 __all__ = ["PARTS", "Replayed", "Trace", "replay"]
 
@@ -57,16 +57,15 @@ class Replayed:
         reserved (int | None): The measured step's peak of bytes reserved from the device; None for host memory.
         parts (dict[str, int]): The allocated peak by part (``PARTS``'s first seven), adding up to ``peak``.
         cache (int): ``reserved - peak`` (0 without a caching allocator).
-        oom (bool): Under ``limit``, the device ran out even after the allocator gave its cache back.
-        released (int): Under ``limit``, how many times the allocator gave cached segments back to fit.
+        required (int): The least memory the step runs in: the allocator's smallest limit under which it does
+            not run out, giving its cache back where it must (``peak`` without a caching allocator).
     """
 
     peak: int
     reserved: int | None
     parts: dict[str, int]
     cache: int
-    oom: bool = False
-    released: int = 0
+    required: int
 
 
 def _run(trace: Trace, limit: int | None, stop: int | None = None) -> tuple[CachingAllocator, int, bool]:
@@ -118,31 +117,36 @@ def _by_part(trace: Trace, sizes: dict[Any, int]) -> dict[str, int]:
     return parts
 
 
-def replay(trace: Trace, limit: int | None = None) -> Replayed:
-    """The peak of the measured step, its reserved peak and its parts; with ``limit`` (bytes the
-    allocator may reserve), whether the step runs out there.
+def _least_limit(trace: Trace, peak: int, reserved: int) -> int:
+    """The smallest limit (a whole number of 2 MiB, as every segment is) under which the replay does not
+    run out, between the allocated peak and the reserved peak; found by bisection."""
+    unit = ROUND_LARGE
+    low, high = -(-peak // unit) - 1, -(-reserved // unit)  # low runs out (or is below the peak); high does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _run(trace, middle * unit)[2]:
+            low = middle
+        else:
+            high = middle
+    return high * unit
+
+
+def replay(trace: Trace) -> Replayed:
+    """The measured step's peak, its reserved peak and its parts, and the least memory it runs in.
 
     Args:
         trace: The recorded allocations.
-        limit: Bytes the allocator may take from the device; None: no limit.
 
     Returns:
-        The replay's figures. Under a limit the step's own figures are those without one (a run
-        that gave its cache back reaches the same allocated peak); ``oom`` and ``released`` say
-        what the limit changed.
+        The replay's figures.
     """
     if not trace.caching:
         live, peak = _host_peak(trace)
-        oom = limit is not None and peak > limit
-        return Replayed(peak, None, _by_part(trace, live), 0, oom)
+        return Replayed(peak, None, _by_part(trace, live), 0, peak)
     model, peak_at, _ = _run(trace, None)
     reserved, peak = model.peak_reserved, model.peak_allocated
     at_peak, _, _ = _run(trace, None, peak_at)
     requested = {key: block.requested for key, block in at_peak.live.items()}
     parts = _by_part(trace, requested)
     parts["rounding"] = at_peak.allocated - sum(requested.values())
-    oom, released = False, 0
-    if limit is not None:
-        limited, _, oom = _run(trace, limit)
-        released = limited.released
-    return Replayed(peak, reserved, parts, reserved - peak, oom, released)
+    return Replayed(peak, reserved, parts, reserved - peak, _least_limit(trace, peak, reserved))
