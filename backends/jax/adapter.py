@@ -23,6 +23,7 @@ from unimem.backends.topics import (
     AccumulationTopic,
     DiagnoseTopic,
     DistributedTopic,
+    EstimateTopic,
     ObserveTopic,
     PrecisionTopic,
     SaversTopic,
@@ -318,3 +319,9 @@ class JaxBackend(Backend):
         from .workloads import JaxWorkloads
 
         return JaxWorkloads(self)
+
+    @cached_property
+    def estimate(self) -> EstimateTopic:
+        from .estimate import JaxEstimate
+
+        return JaxEstimate(self)

@@ -20,6 +20,7 @@ from unimem.backends.tensorflow.configure import ALLOCATOR_VAR, GROWTH_VAR
 from unimem.backends.topics import (
     AccumulationTopic,
     DiagnoseTopic,
+    EstimateTopic,
     ObserveTopic,
     PrecisionTopic,
     SaversTopic,
@@ -265,3 +266,9 @@ class TensorFlowBackend(Backend):
         from .workloads import TensorFlowWorkloads
 
         return TensorFlowWorkloads(self)
+
+    @cached_property
+    def estimate(self) -> EstimateTopic:
+        from .estimate import TensorFlowEstimate
+
+        return TensorFlowEstimate(self)

@@ -26,6 +26,8 @@ PARTS: dict[str, str] = {
     "workspace": "buffers libraries keep for their kernels (cuBLAS workspaces)",
     "rounding": "the allocator's rounding: whole blocks handed out for smaller requests",
     "cache": "free blocks the allocator keeps reserved at its peak (reserved less allocated)",
+    "arguments": "a compiled step's inputs (parameters, optimizer state, the batch)",
+    "outputs": "a compiled step's outputs not written over its (donated) inputs",
 }
 ALLOCATED_PARTS = tuple(PARTS)[:7]  # the parts of the allocated peak
 
