@@ -11,6 +11,7 @@ step would be (the optimizer's state then exists).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,11 +52,37 @@ def _fake_mode() -> Any:
     return FakeTensorMode()
 
 
+def _copies_stay_fake() -> Any:
+    """A function mode in which ``copy.deepcopy`` of a fake tensor is a clone made under the same fake mode
+    (``nn.TransformerEncoder`` deep-copies its layer): torch's own deep copy of one would make it under a new
+    mode, which the estimate's cannot use."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.overrides import TorchFunctionMode
+
+    class FakeCopies(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
+                tensor, memo = args
+                if id(tensor) not in memo:
+                    with torch.no_grad():
+                        copied = tensor.clone()
+                    copied.requires_grad_(tensor.requires_grad)
+                    if getattr(tensor, "_is_param", False):
+                        copied._is_param = True  # still an nn.Parameter to the module it goes to
+                    memo[id(tensor)] = copied
+                return memo[id(tensor)]
+            return func(*args, **(kwargs or {}))
+
+    return FakeCopies()
+
+
 @contextlib.contextmanager
 def _modules_built(torch: Any) -> Iterator[list[Any]]:
-    """Within: every ``nn.Module`` that gets a submodule or a parameter is seen; yields (filled on exit)
-    the top-level ones, those no other module took as a submodule."""
-    seen: dict[int, Any] = {}
+    """Within: every ``nn.Module`` that gets a submodule or a parameter is seen; yields (filled on exit) the
+    top-level ones still alive, those no other module took as a submodule. Modules are held weakly: one the
+    factory drops (a layer ``nn.TransformerEncoder`` copied) is freed as in a real run."""
+    seen: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
     children: set[int] = set()
     found: list[Any] = []
 
@@ -76,7 +103,7 @@ def _modules_built(torch: Any) -> Iterator[list[Any]]:
     finally:
         for handle in handles:
             handle.remove()
-        found += [module for key, module in seen.items() if key not in children]
+        found += [weakref.ref(module) for key, module in list(seen.items()) if key not in children]
 
 
 def _apply_saver(models: list[Any], plan: Plan) -> int:
@@ -84,7 +111,7 @@ def _apply_saver(models: list[Any], plan: Plan) -> int:
     from unimem.training.savers import remat_model
 
     saved = 0
-    for model in models:
+    for model in filter(None, (ref() for ref in models)):
         try:
             saved += remat_model(model, plan.saver or "full", match=plan.match, backend="torch")
         except ConfigError as exc:
@@ -246,6 +273,7 @@ class TorchEstimate(Estimate):
             if run.cuda:
                 stack.enter_context(_cuda_on_host(run))
             stack.enter_context(_fake_mode())
+            stack.enter_context(_copies_stay_fake())
             if run.cuda:
                 stack.enter_context(cuda.device_to_host())
             stack.enter_context(run.recorder)
@@ -256,6 +284,7 @@ class TorchEstimate(Estimate):
                 raise ConfigError("step", f"build() returned {made!r}; it must return step(n), one training step")
             if plan.saver is not None:
                 run.notes.append(f"saver {plan.saver!r} on {_apply_saver(models, plan)} block(s)")
+            del models
             for call in range(2):
                 run.phases.restart(FORWARD)
                 if call == 1:

@@ -61,10 +61,20 @@ _CPU = (
     + r"""
 estimate = unimem.estimate_memory(factory, [32, 64], device="cpu", backend="torch")
 measured, params = real_cpu_peak(64)
+
+def encoder():  # nn.TransformerEncoder deep-copies its layer into each of its layers
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    def step(n):
+        model(torch.randn(n, 16, 64)).sum().backward()
+    return step
+layer_params = sum(p.numel() * 4 for p in torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True).parameters())
+encoded = unimem.estimate_memory(encoder, 8, device="cpu", backend="torch")[8].parts
 size = estimate[64]
 emit({"predicted": size.peak, "measured": measured, "params": params, "parts": size.parts, "required": size.required,
       "reserved": size.reserved, "fits": size.fits, "cuda_started": torch.cuda.is_initialized(),
-      "text": str(estimate), "dict": estimate.as_dict(), "count": sum(1 for _ in build()[1].parameters())})
+      "text": str(estimate), "dict": estimate.as_dict(), "count": sum(1 for _ in build()[1].parameters()),
+      "encoder": [encoded["parameters"], 2 * layer_params]})
 """
 )
 
@@ -128,6 +138,12 @@ def test_the_cpu_estimate_is_what_a_real_cpu_run_holds(need: Any) -> None:
     assert r["predicted"] == r["measured"]
     assert r["reserved"] is None and r["required"] == r["predicted"]
     assert not r["cuda_started"]
+
+
+def test_a_model_that_deep_copies_its_layers_is_estimated(need: Any) -> None:
+    need("torch")
+    estimated, expected = _run(_CPU)["encoder"]
+    assert estimated == expected  # the two copies' parameters, made under the estimate's fake tensors
 
 
 def test_the_parts_are_the_parameters_gradients_and_adam_state(need: Any) -> None:

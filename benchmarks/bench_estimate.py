@@ -1,0 +1,405 @@
+"""``unimem.estimate_memory`` against what a step measures on a GPU: one row per model, batch size,
+precision and saver.
+
+For each model the estimate (in a fresh process; torch under fake tensors, JAX compiled in a fresh
+process of its own) finds the largest batch size whose step fits ``--cap`` (default 24 GiB), and
+predicts that size, half of it and a quarter of it. Each size is then measured in a fresh process,
+the same step code as the estimate ran:
+
+- torch: one step, ``torch.cuda.reset_peak_memory_stats()``, the second step (the optimizer's state
+  then exists): ``max_memory_allocated`` is ``measured_peak``, ``max_memory_reserved``
+  ``measured_reserved``;
+- JAX (growth on): the step is compiled first in another process that fills a persistent
+  compilation cache; the measured process loads it from there (no autotuning runs in it, so the
+  compilation's own buffers stay out), makes the arrays and runs the step once:
+  ``peak_bytes_in_use`` after the run is ``measured_peak`` (``peak_before_run`` is beside it; the
+  run set the peak where it is higher).
+
+Models: transformers' GPT-2 small (``GPT2LMHeadModel(GPT2Config())``, 1024 tokens, AdamW) in float32
+and under bf16 autocast, each without a saver and with every ``GPT2Block`` saved (``full``); timm's
+ResNet-50 (224 x 224, AdamW); the search rows' torch transformer (``nn.TransformerEncoder``, 4 layers,
+d 1024, 16 heads, 4096 wide, 256 tokens); the search rows' Flax MLP and JAX transformer (their own
+definitions, imported from ``bench_search_rows.py``). Rows of kind ``"estimate"``; other kinds (the
+batch search's, ``"search"``) add their rows through ``ROWS``.
+
+    python benchmarks/bench_estimate.py --out benchmarks/results/estimate-gpu-h200.json --machine LABEL
+    python benchmarks/bench_estimate.py --cpu-plan --out benchmarks/results/estimate-cpu-plan.json
+    python benchmarks/bench_estimate.py --smoke --out /tmp/estimate-smoke.json   # the CPU, tiny models
+
+``--cpu-plan`` makes the torch rows' estimates on a machine without a GPU, for the CUDA target, at the
+sizes of the GPU file when it is there: set beside it, they show what a CPU machine plans for the GPU.
+``--smoke`` runs the same path on the CPU with tiny models (torch's measured on a real CPU run by the
+estimate's own tracker, in exact bytes; JAX's not measured, the CPU keeping no peak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import benchlib  # noqa: E402
+
+GIB = 2**30
+CAP = "24GiB"
+SCRIPT = str(Path(__file__).resolve())
+GPU_FILE = HERE / "results" / "estimate-gpu-h200.json"
+
+
+def _model(framework: str, net: str, start: list[int], precision: str | None = None, saver: str | None = None) -> dict:
+    return {"framework": framework, "net": net, "precision": precision, "saver": saver, "start": start}
+
+
+MODELS: dict[str, dict[str, Any]] = {
+    "gpt2-fp32": _model("torch", "gpt2", [4, 8]),
+    "gpt2-bf16": _model("torch", "gpt2", [4, 8], precision="bf16"),
+    "gpt2-fp32-full": _model("torch", "gpt2", [8, 16], saver="full"),
+    "gpt2-bf16-full": _model("torch", "gpt2", [8, 16], precision="bf16", saver="full"),
+    "resnet50": _model("torch", "resnet50", [32, 64]),
+    "torch-transformer": _model("torch", "transformer", [8, 16]),
+    "flax-mlp": _model("jax", "flax-mlp", [4096, 65536]),
+    "jax-transformer": _model("jax", "jax-transformer", [8, 16]),
+}
+SMOKE_MODELS: dict[str, dict[str, Any]] = {
+    "tiny-torch-mlp": _model("torch", "tiny", [4, 8]),
+    "tiny-jax-mlp": _model("jax", "jax-mlp", [64, 256]),
+}
+# Seconds a child may take: an estimate (several sizes), a compilation, a measured step.
+TIMEOUTS = {"estimate": 240.0, "compile": 120.0, "measure": 120.0}
+
+
+# --- the steps (built in a child; the same code for the estimate and the measurement) -----------------
+
+
+def torch_build(net: str, precision: str | None, saver: str | None, device: str) -> Callable[[], Any]:
+    """``build()`` for ``unimem.estimate_memory`` and for the measured run alike: the model made on
+    ``device``, the saver applied, autocast around the forward pass."""
+    import torch
+
+    import unimem
+
+    def build() -> Callable[[int], None]:
+        with torch.device(device):
+            model, inputs, loss_of, match = _torch_net(torch, net)
+        if saver is not None:
+            unimem.remat_model(model, saver, match=match)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision or "")
+        autocast = (lambda: torch.autocast(device, dtype=dtype)) if dtype else contextlib.nullcontext
+
+        def step(n: int) -> None:
+            batch = inputs(n)
+            with autocast():
+                loss = loss_of(model, batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+
+    return build
+
+
+def _torch_net(torch: Any, net: str) -> tuple[Any, Callable[[int], Any], Callable[[Any, Any], Any], Any]:
+    """``(model, inputs(n), loss(model, batch), the block a saver picks)``, made under the caller's device."""
+    device = torch.get_default_device()
+    if net == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        model = GPT2LMHeadModel(GPT2Config()).train()
+        tokens = lambda n: torch.randint(0, 50257, (n, 1024), device=device)  # noqa: E731
+        return model, tokens, lambda m, x: m(x, labels=x).loss, "GPT2Block"
+    if net == "resnet50":
+        import timm
+
+        model = timm.create_model("resnet50", pretrained=False).train()
+        images = lambda n: (torch.randn(n, 3, 224, 224, device=device), torch.randint(0, 1000, (n,), device=device))  # noqa: E731
+        return model, images, lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]), "Bottleneck"
+    if net == "tiny":  # the smoke's: no deep copy (the CPU tracker sees no storage a deep copy makes)
+        blocks = [torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                      torch.nn.Linear(256, 64)) for _ in range(2)]  # fmt: skip
+        vectors = lambda n: torch.randn(n, 16, 64, device=device)  # noqa: E731
+        return torch.nn.Sequential(*blocks), vectors, lambda m, x: m(x).pow(2).mean(), "Sequential"
+    d, heads, wide, depth, tokens_per = 1024, 16, 4096, 4, 256
+    layer = torch.nn.TransformerEncoderLayer(d, heads, wide, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+    samples = lambda n: torch.randn(n, tokens_per, d, device=device)  # noqa: E731
+    return model, samples, lambda m, x: m(x).float().pow(2).mean(), "TransformerEncoderLayer"
+
+
+def jax_step(net: str, gpu: bool) -> tuple[Any, dict[str, Any], Callable[[int], tuple[Any, Any]]]:
+    """``(train, {"params", "opt"}, abstract(n))``: the search rows' model (``bench_search_rows.py``)
+    trained with optax, its state, and the abstract batch of size ``n``."""
+    import jax
+    import jax.numpy as jnp
+    from bench_search_rows import JAX_MODELS, _Adam, _optax
+
+    spec = JAX_MODELS[net](gpu)
+    optax: Any = _optax(gpu)
+    if optax is None:  # the CPU machine has no optax: the same update in plain JAX
+        optimizer: Any = _Adam(1e-3, 0.0) if spec.optimizer == "adam" else _Adam(1e-4, 1e-4)
+        optax = _Adam
+    else:
+        optimizer = optax.adam(1e-3) if spec.optimizer == "adam" else optax.adamw(1e-4)
+    state = {"params": spec.params, "opt": optimizer.init(spec.params)}
+
+    @jax.jit
+    def train(params: Any, opt_state: Any, x: Any, y: Any) -> Any:
+        loss, grads = jax.value_and_grad(spec.loss_fn)(params, x, y)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def abstract(n: int) -> tuple[Any, Any]:
+        return (
+            jax.ShapeDtypeStruct((n, *spec.x_shape), jnp.float32),
+            jax.ShapeDtypeStruct((n, *spec.y_shape), spec.y_dtype),
+        )
+
+    return train, state, abstract
+
+
+# --- what a child does -------------------------------------------------------------------------------
+
+
+def _sizes_of(largest: int | None) -> list[tuple[str, int]]:
+    if not largest:
+        return []
+    found = {"largest": largest, "half": max(1, largest // 2), "quarter": max(1, largest // 4)}
+    return list({n: (role, n) for role, n in reversed(found.items())}.values())[::-1]
+
+
+def _row(name: str, spec: dict[str, Any], role: str, size: Any) -> dict[str, Any]:
+    return {
+        "kind": "estimate", "model": name, "framework": spec["framework"], "batch": size.batch, "role": role,
+        "precision": spec["precision"] or "fp32", "saver": spec["saver"] or "none", "device": size.device,
+        "predicted_peak": size.peak, "predicted_reserved": size.reserved, "predicted_required": size.required,
+        "parts": size.parts, "estimate_seconds": round(size.seconds, 2),
+        "estimate_cpu_seconds": round(size.cpu_seconds, 2), "estimate_host_peak": size.host_peak,
+        "notes": list(size.notes), "unseen": list(size.unseen),
+    }  # fmt: skip
+
+
+def child_estimate(job: dict[str, Any]) -> dict[str, Any]:
+    import unimem
+
+    spec, device = job["spec"], job["device"]
+    if spec["framework"] == "torch":
+        step: Any = torch_build(spec["net"], spec["precision"], spec["saver"], device)
+    else:
+        train, state, abstract = jax_step(spec["net"], job["gpu"])
+        step = lambda n: (train, (state["params"], state["opt"], *abstract(n)))  # noqa: E731
+    fixed = job.get("sizes")
+    estimate = unimem.estimate_memory(
+        step, fixed or spec["start"], target=None if fixed else job["cap"], backend=spec["framework"],
+        device=device if spec["framework"] == "torch" else None, max_runs=job["max_runs"],
+    )  # fmt: skip
+    sizes = [(role, n) for role, n in fixed_roles(fixed)] if fixed else _sizes_of(estimate.largest)
+    rows = []
+    for role, n in sizes:
+        estimate.peak_at(n)
+        rows.append(_row(job["name"], spec, role, estimate.sizes[n]))
+    return {"rows": rows, "largest": estimate.largest, "above": estimate.above, "search_sizes": sorted(estimate.sizes)}
+
+
+def fixed_roles(sizes: list[int]) -> list[tuple[str, int]]:
+    return [("given", n) for n in sizes]
+
+
+def child_measure_torch(job: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    spec, n, device = job["spec"], job["batch"], job["device"]
+    torch.manual_seed(0)
+    build = torch_build(spec["net"], spec["precision"], spec["saver"], device)
+    if device == "cuda":
+        step = build()
+        step(n)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        step(n)
+        torch.cuda.synchronize()
+        return {
+            "measured_peak": torch.cuda.max_memory_allocated(),
+            "measured_reserved": torch.cuda.max_memory_reserved(),
+        }
+    from unimem.backends.torch._recorder import Phases, make_recorder
+    from unimem.estimate.trace import Trace, replay
+
+    trace = Trace(caching=False)  # a real CPU run, every storage counted in exact bytes by the estimate's tracker
+    with make_recorder(trace, Phases()):
+        step = build()
+        step(n)
+        trace.window = len(trace.events)
+        step(n)
+    return {"measured_peak": replay(trace).peak, "measured_reserved": None}
+
+
+def _jax_cache(job: dict[str, Any]) -> None:
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", job["cache"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+def child_compile_jax(job: dict[str, Any]) -> dict[str, Any]:
+    _jax_cache(job)
+    train, state, abstract = jax_step(job["spec"]["net"], job["gpu"])
+    started = time.perf_counter()
+    train.lower(state["params"], state["opt"], *abstract(job["batch"])).compile()
+    return {"compile_seconds": round(time.perf_counter() - started, 2)}
+
+
+def child_measure_jax(job: dict[str, Any]) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    _jax_cache(job)
+    train, state, abstract = jax_step(job["spec"]["net"], job["gpu"])
+    x_spec, y_spec = abstract(job["batch"])
+    started = time.perf_counter()
+    compiled = train.lower(state["params"], state["opt"], x_spec, y_spec).compile()  # from the cache
+    seconds = round(time.perf_counter() - started, 2)
+    x, y = jnp.ones(x_spec.shape, x_spec.dtype), jnp.zeros(y_spec.shape, y_spec.dtype)
+    device = jax.devices()[0]
+    before = (device.memory_stats() or {}).get("peak_bytes_in_use")
+    jax.block_until_ready(compiled(state["params"], state["opt"], x, y))
+    after = (device.memory_stats() or {}).get("peak_bytes_in_use")
+    return {"measured_peak": after, "peak_before_run": before, "load_seconds": seconds, "measured_reserved": None}
+
+
+CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "estimate": child_estimate,
+    "measure-torch": child_measure_torch,
+    "compile-jax": child_compile_jax,
+    "measure-jax": child_measure_jax,
+}
+
+
+def child(job: dict[str, Any]) -> None:
+    if job.get("preallocate") is False:
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # growth on: the pool takes what the step needs
+    print(benchlib.RESULT_MARK + json.dumps(CHILDREN[job["what"]](job), default=str), flush=True)
+
+
+# --- the parent ----------------------------------------------------------------------------------------
+
+
+def _run(job: dict[str, Any], cpu_only: bool) -> dict[str, Any]:
+    return benchlib.run_child(SCRIPT, job, TIMEOUTS[job["what"].split("-")[0]], cpu_only=cpu_only)
+
+
+def measure_rows(name: str, spec: dict[str, Any], rows: list[dict[str, Any]], job: dict[str, Any]) -> None:
+    """Each row's size measured in a fresh process (JAX: compiled in another first), figures merged in."""
+    for row in rows:
+        base = dict(job, spec=spec, batch=row["batch"], name=name)
+        if spec["framework"] == "jax":
+            with tempfile.TemporaryDirectory() as cache:
+                base["cache"] = cache
+                compiled = _run(dict(base, what="compile-jax"), job["cpu_only"])
+                found = _run(dict(base, what="measure-jax"), job["cpu_only"]) if "error" not in compiled else compiled
+                found |= {k: v for k, v in compiled.items() if k != "error"}
+        else:
+            found = _run(dict(base, what="measure-torch"), job["cpu_only"])
+        row.update(found)
+        measured = row.get("measured_peak")
+        row["ratio"] = round(row["predicted_peak"] / measured, 4) if measured else None
+        if row.get("measured_reserved") and row.get("predicted_reserved"):
+            row["ratio_reserved"] = round(row["predicted_reserved"] / row["measured_reserved"], 4)
+
+
+def estimate_rows(models: dict[str, dict[str, Any]], args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The estimate's rows: per model, its largest size under the cap, half and a quarter of it, each
+    predicted and (unless planning on the CPU) measured."""
+    gpu_sizes = _gpu_sizes() if args.cpu_plan else {}
+    deadline = time.monotonic() + args.budget
+    for name, spec in models.items():
+        if time.monotonic() > deadline:
+            result["skipped"].append({"model": name, "why": f"the budget of {args.budget:.0f} s was spent"})
+            continue
+        device = "cpu" if args.smoke and spec["framework"] == "torch" else "cuda"
+        job = {"what": "estimate", "name": name, "spec": spec, "device": device, "cap": args.cap,
+               "gpu": not args.cpu_only, "max_runs": args.max_runs, "preallocate": False,
+               "cpu_only": args.cpu_only, "sizes": gpu_sizes.get(name)}  # fmt: skip
+        found = _run(job, args.cpu_only)
+        if "error" in found:
+            result["skipped"].append({"model": name, "why": found})
+            continue
+        result["largest"][name] = {k: found[k] for k in ("largest", "above", "search_sizes")}
+        if not args.cpu_plan:
+            # The smoke measures its torch model's largest size only, to stay within a minute.
+            measured = [r for r in found["rows"] if r["role"] == "largest" and r["framework"] == "torch"]
+            measure_rows(name, spec, measured if args.smoke else found["rows"], job)
+        result["rows"] += found["rows"]
+        benchlib.write(result, args.out)
+
+
+def _gpu_sizes() -> dict[str, list[int]]:
+    """The batch sizes the GPU file measured, per model (the CPU plan predicts the same ones)."""
+    if not GPU_FILE.is_file():
+        return {}
+    sizes: dict[str, list[int]] = {}
+    for row in json.loads(GPU_FILE.read_text()).get("rows", []):
+        if row.get("kind") == "estimate" and row.get("framework") == "torch":
+            sizes.setdefault(row["model"], []).append(row["batch"])
+    return sizes
+
+
+# Each kind of row and what makes it; the batch search's rows (kind "search") are added here.
+ROWS: dict[str, Callable[[dict[str, dict[str, Any]], argparse.Namespace, dict[str, Any]], None]] = {
+    "estimate": estimate_rows,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--machine", default=None)
+    parser.add_argument("--cap", default=CAP, help="the memory the largest batch must fit (default 24GiB)")
+    parser.add_argument("--models", default=None, help="comma-separated names (default: all)")
+    parser.add_argument("--kinds", default="estimate", help=f"comma-separated kinds of rows: {', '.join(ROWS)}")
+    parser.add_argument("--max-runs", type=int, default=5, help="estimates the search for the largest may add")
+    parser.add_argument("--budget", type=float, default=420.0, help="seconds, after which no model is started")
+    parser.add_argument("--smoke", action="store_true", help="the CPU, tiny models, a small cap")
+    parser.add_argument("--cpu-plan", action="store_true", help="torch's estimates for CUDA, made without a GPU")
+    args = parser.parse_args(argv)
+    if args.child:
+        child(json.loads(args.child))
+        return 0
+    args.cpu_only = args.smoke or args.cpu_plan
+    models = SMOKE_MODELS if args.smoke else MODELS
+    if args.cpu_plan:
+        models = {name: spec for name, spec in models.items() if spec["framework"] == "torch"}
+    if args.models:
+        models = {name: models[name] for name in args.models.split(",")}
+    if args.smoke and args.cap == CAP:
+        args.cap, args.max_runs = "24MiB", min(args.max_runs, 3)
+    out = args.out or str(HERE / "results" / ("estimate-cpu-plan.json" if args.cpu_plan else "estimate-gpu-h200.json"))
+    args.out = out
+    command = ["benchmarks/bench_estimate.py", *(argv if argv is not None else sys.argv[1:])]
+    result = benchlib.header("estimate", args.machine, command) | {
+        "cap": args.cap,
+        "rows": [],
+        "largest": {},
+        "skipped": [],
+    }
+    started = time.monotonic()
+    for kind in args.kinds.split(","):
+        ROWS[kind](models, args, result)
+    result["seconds"] = round(time.monotonic() - started, 1)
+    benchlib.write(result, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
