@@ -1,6 +1,7 @@
 """The largest batch size that fits, found with few estimates: a step's peak is close to affine in
-the batch size, so a line through two estimates places the boundary, and the sizes at and just past
-it are estimated to check it (the allocator's rounding bends the line a little)."""
+the batch size, so a line through two estimates places the boundary; once sizes on both sides of it
+are known, the line through them (regula falsi, with the Illinois rule so that a bent curve cannot
+hold one end still) narrows them until they are next to each other, or within half a percent."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from unimem.estimate.result import SizeEstimate
 
 __all__ = ["largest_fitting"]
 
-# How far past the largest size estimated one step of the search may reach, where none was seen not to fit.
-_REACH = 4096
+# How far past the largest size estimated one step may reach while no size was seen not to fit.
+_REACH = 64
 # The search stops when the largest size seen to fit and the smallest seen not to are this close (a share).
 _CLOSE = 0.005
 
@@ -23,34 +24,24 @@ def _bracket(known: dict[int, SizeEstimate]) -> tuple[int, int | None]:
     return low, min(above, default=None)
 
 
-def _on_the_line(known: dict[int, SizeEstimate], limit: int) -> int | None:
-    """The size where the line through the two estimates nearest the limit reaches it (the secant method:
-    a curve's bend pulls the two ends of a bracket apart, its two nearest points together); None where
-    the peak does not grow with the size."""
-    picked = sorted(known, key=lambda n: (abs(known[n].required - limit), -n))[:2]
-    if len(picked) < 2:
+def _crossing(a: int, fa: float, b: int, fb: float) -> int | None:
+    """Where the line through ``(a, fa)`` and ``(b, fb)`` (margins over the limit) crosses zero; None
+    where it does not rise."""
+    if fb <= fa or a == b:
         return None
-    a, b = sorted(picked)
-    rise = known[b].required - known[a].required
-    if rise <= 0:
-        return None
-    return a + int((limit - known[a].required) * (b - a) // rise)
+    return a + int(-fa * (b - a) // (fb - fa))
 
 
-def _next_size(known: dict[int, SizeEstimate], limit: int) -> int | None:
-    """The next size to estimate, or None when the boundary is found: the sizes seen to fit and not to
-    fit are next to each other, or within ``_CLOSE`` of each other (the line is then bent by the allocator's
-    rounding more than it says: further runs buy little)."""
-    low, high = _bracket(known)
-    if high is not None and high - low <= max(1, int(low * _CLOSE)):
-        return None
-    guess = _on_the_line(known, limit)
-    if guess is None or (high is not None and guess >= high):
-        guess = 2 * low if high is None else (low + high) // 2
-    if guess <= low:
-        guess = low + 1  # the line says low is the answer: check the size past it
-    # Inside the bracket; with no size seen not to fit, at most a few times past the largest seen.
-    return min(guess, high - 1) if high is not None else min(guess, _REACH * max(known))
+def _placed(known: dict[int, SizeEstimate], limit: int) -> int:
+    """The next size while no size was seen not to fit: on the line through the two largest, at most
+    ``_REACH`` times the largest (doubled where the peak does not rise; the size past the largest where
+    the line says the largest is the answer)."""
+    a, b = sorted(known)[-2:] if len(known) > 1 else (0, max(known))
+    top = max(known)
+    guess = None if a == 0 else _crossing(a, known[a].required - limit, b, known[b].required - limit)
+    if guess is None:
+        return min(2 * top, _REACH * top)
+    return top + 1 if guess <= top else min(guess, _REACH * top)
 
 
 def largest_fitting(
@@ -70,21 +61,33 @@ def largest_fitting(
         above it seen not to fit (None: none was).
     """
     if not known:
-        return None, False
-    if len(known) == 1:  # a second point for the line: double a size that fits, halve one that does not
-        (only,) = known
-        other = 2 * only if known[only].fits else max(1, only // 2)
-        if other not in known and runs > 0:
-            known[other] = measure(other)
-            runs -= 1
+        return None, None
+    weights = {"low": 1.0, "high": 1.0}  # the Illinois rule: an end kept twice counts half as far
+    moved = ""
     while runs > 0:
-        low, _ = _bracket(known)
-        if low == 0 and 1 in known:
-            break  # not even one sample fits
-        size = _next_size(known, limit)
-        if size is None or size in known:
+        low, high = _bracket(known)
+        if low == 0:  # nothing fits: halve the smallest, down to one sample
+            smallest = min(known)
+            size = smallest // 2
+            if smallest == 1 or size in known:
+                break
+        elif high is None:
+            size = _placed(known, limit)
+        elif high - low <= max(1, int(low * _CLOSE)):
+            break
+        else:
+            fa = weights["low"] * (known[low].required - limit)
+            fb = weights["high"] * (known[high].required - limit)
+            guess = _crossing(low, fa, high, fb)
+            size = (low + high) // 2 if guess is None else min(max(guess, low + 1), high - 1)
+        if size in known or size < 1:
             break
         known[size] = measure(size)
         runs -= 1
+        side = "low" if known[size].fits else "high"
+        other = "high" if side == "low" else "low"
+        weights[side] = 1.0
+        weights[other] = weights[other] / 2 if moved == side else 1.0
+        moved = side
     low, high = _bracket(known)
     return (low or None), high
