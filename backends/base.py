@@ -52,9 +52,9 @@ from unimem.memory_stats import MemoryStats
 from unimem.support import Phase, Support, When
 
 if TYPE_CHECKING:
-    from unimem.estimate.plan import Measured, Plan
     from unimem.live_memory import LiveMemory
     from unimem.loss_scaling import LossScaler, ScalerConfig
+    from unimem.step_estimates import Measured, Plan
 
 __all__ = [
     "Accumulation",

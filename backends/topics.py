@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from unimem.backends.steps import Step
 
-    from unimem.estimate.plan import Measured, Plan
     from unimem.live_memory import LiveMemory
     from unimem.loss_scaling import LossScaler, ScalerConfig
     from unimem.memory_stats import MemoryStats
+    from unimem.step_estimates import Measured, Plan
 
 __all__ = [
     "TOPICS",

@@ -232,7 +232,9 @@ def child_measure_torch(job: dict[str, Any]) -> dict[str, Any]:
             "measured_reserved": torch.cuda.max_memory_reserved(),
         }
     from unimem.backends.torch._recorder import Phases, make_recorder
-    from unimem.estimate.trace import Trace, replay
+
+    from unimem.estimate.trace import replay
+    from unimem.step_estimates import Trace
 
     trace = Trace(caching=False)  # a real CPU run, every storage counted in exact bytes by the estimate's tracker
     with make_recorder(trace, Phases()):

@@ -314,6 +314,7 @@ FEATURES = (
     "unimem.cli",
     "unimem.compare",
     "unimem.diagnose",
+    "unimem.estimate",
     "unimem.integrations",
     "unimem.observe",
     "unimem.search",

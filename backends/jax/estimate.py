@@ -21,7 +21,7 @@ from typing import Any
 from unimem.backends.base import Estimate
 
 from unimem.errors import ConfigError
-from unimem.estimate.plan import Measured, Plan
+from unimem.step_estimates import Measured, Plan
 
 __all__ = ["FRESH_PLATFORMS", "JaxEstimate", "compile_in_fresh_process", "figures"]
 

@@ -18,7 +18,7 @@ from typing import Any
 from unimem.backends.base import Estimate
 
 from unimem.errors import ConfigError, UnsupportedFeature
-from unimem.estimate.plan import Measured, Plan
+from unimem.step_estimates import Measured, Plan
 
 __all__ = ["TensorFlowEstimate", "buffer_figures"]
 

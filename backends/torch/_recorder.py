@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from unimem.estimate.trace import Trace
+from unimem.step_estimates import Trace
 
 __all__ = ["BACKWARD", "BUILD", "FORWARD", "OPTIMIZER", "Phases", "categorise", "make_recorder"]
 

@@ -21,8 +21,7 @@ from unimem.backends.torch._cuda_autocast import autocast_like_cuda
 from unimem.backends.torch._recorder import BACKWARD, FORWARD, OPTIMIZER, Phases, categorise, make_recorder
 
 from unimem.errors import ConfigError, UnsupportedFeature
-from unimem.estimate.plan import Measured, Plan
-from unimem.estimate.trace import Trace
+from unimem.step_estimates import Measured, Plan, Trace
 
 __all__ = ["TorchEstimate"]
 
@@ -108,12 +107,12 @@ def _modules_built(torch: Any) -> Iterator[list[Any]]:
 
 def _apply_saver(models: list[Any], plan: Plan) -> int:
     """The saver on every top-level model the factory built, as ``unimem.remat_model`` applies it."""
-    from unimem.training.savers import remat_model
-
+    if plan.save_blocks is None:
+        raise ConfigError("saver", f"{plan.saver!r} came without the front's saver; call unimem.estimate_memory")
     saved = 0
     for model in filter(None, (ref() for ref in models)):
         try:
-            saved += remat_model(model, plan.saver or "full", match=plan.match, backend="torch")
+            saved += plan.save_blocks(model)
         except ConfigError as exc:
             if exc.parameter != "match":
                 raise

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from unimem.estimate.allocator import MIB, CachingAllocator, OutOfDeviceMemory, round_request, segment_size
-from unimem.estimate.trace import Trace, replay
+from unimem.estimate.trace import replay
+from unimem.step_estimates import Trace
 
 
 @pytest.mark.parametrize(

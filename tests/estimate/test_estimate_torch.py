@@ -16,7 +16,8 @@ _MODEL = r"""
 import os, sys
 import torch
 import unimem
-from unimem.estimate.trace import Trace, replay
+from unimem.estimate.trace import replay
+from unimem.step_estimates import Trace
 from unimem.backends.torch._recorder import Phases, make_recorder
 
 class Block(torch.nn.Module):
@@ -113,7 +114,7 @@ R["attention"] = planned(attention_factory, 8)
 R["attention_bf16"] = planned(attention_factory, 8, precision="bf16")
 R["host"] = unimem.estimate_memory(factory, 64, device="cpu", backend="torch")[64].as_dict()
 from unimem import registry
-from unimem.estimate.plan import Plan
+from unimem.step_estimates import Plan
 def mask_sized(device):  # allocations of one byte per element of a block's output, in the measured step
     narrow = lambda: build(d=40)[0]  # 64 x 16 x 40 bytes: no other tensor of the step has that size
     trace = registry.get_backend("torch").estimate.estimate_size(narrow, 64, Plan(device=device)).trace

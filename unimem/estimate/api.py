@@ -12,9 +12,9 @@ from typing import Any
 from unimem import device_view, host_memory, in_force, registry
 from unimem.errors import ConfigError
 from unimem.estimate.largest import largest_fitting
-from unimem.estimate.plan import Plan
 from unimem.estimate.result import MemoryEstimate, SizeEstimate, size_estimate
 from unimem.sizes import parse_size
+from unimem.step_estimates import Plan
 from unimem.training.precision import PRECISIONS
 from unimem.training.savers import POLICIES
 
@@ -192,7 +192,13 @@ def estimate_memory(
     runs = _runs(max_runs)
     name = _resolve(backend)
     limit, source = _target(target, name)
-    plan = Plan(chosen_precision, chosen_saver, match, device.strip().lower() if device else None)
+    plan = Plan(
+        chosen_precision,
+        chosen_saver,
+        match,
+        device.strip().lower() if device else None,
+        _save_blocks(chosen_saver, match, name),
+    )
     topic = registry.get_backend(name).estimate
     measure = _measurer(topic, step, plan, limit)
     known = {size: measure(size) for size in sizes}
@@ -202,3 +208,12 @@ def estimate_memory(
         result.largest, result.above = largest_fitting(measure, known, limit, runs)
     result.sizes.update(known)
     return result
+
+
+def _save_blocks(saver: str | None, match: Any, backend: str) -> Callable[[Any], int] | None:
+    """``remat_model`` with the estimate's saver bound, for the adapter to apply to the models the step builds."""
+    if saver is None:
+        return None
+    from unimem.training.savers import remat_model
+
+    return lambda model: remat_model(model, saver, match=match, backend=backend)

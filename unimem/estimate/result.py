@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from unimem.estimate.plan import Measured
-from unimem.estimate.trace import PARTS, replay
+from unimem.estimate.trace import replay
 from unimem.sizes import format_bytes
+from unimem.step_estimates import PARTS, Measured
 
 __all__ = ["MemoryEstimate", "SizeEstimate", "size_estimate"]
 

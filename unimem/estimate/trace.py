@@ -9,45 +9,13 @@ at that moment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from unimem.estimate.allocator import ROUND_LARGE, CachingAllocator, OutOfDeviceMemory
+from unimem.step_estimates import ALLOCATED_PARTS, Trace
 
-__all__ = ["PARTS", "Replayed", "Trace", "replay"]
-
-# The parts of a peak, in the order a breakdown lists them; each allocation is one of the first six.
-PARTS: dict[str, str] = {
-    "parameters": "the model's parameters and buffers",
-    "gradients": "gradients the backward pass leaves on the parameters",
-    "optimizer": "the optimizer's state (moments, step counts)",
-    "activations": "what the forward pass keeps for the backward pass (and the step's inputs)",
-    "temporaries": "intermediate results freed within the pass that made them",
-    "workspace": "buffers libraries keep for their kernels (cuBLAS workspaces)",
-    "rounding": "the allocator's rounding: whole blocks handed out for smaller requests",
-    "cache": "free blocks the allocator keeps reserved at its peak (reserved less allocated)",
-    "arguments": "a compiled step's inputs (parameters, optimizer state, the batch)",
-    "outputs": "a compiled step's outputs not written over its (donated) inputs",
-}
-ALLOCATED_PARTS = tuple(PARTS)[:7]  # the parts of the allocated peak
-
-
-@dataclass
-class Trace:
-    """Allocations and frees in the order the step made them.
-
-    Attributes:
-        events (list[tuple[int, int]]): ``(allocation id, bytes)``: bytes above 0 allocate, 0 frees
-            the allocation with that id.
-        categories (dict[int, str]): The part of the breakdown each allocation id is (a key of ``PARTS``).
-        window (int): Index of the first event of the measured step (its peak is the one predicted).
-        caching (bool): Replay through the CUDA caching allocator's model; False: exact bytes (host memory).
-    """
-
-    events: list[tuple[int, int]] = field(default_factory=list)
-    categories: dict[int, str] = field(default_factory=dict)
-    window: int = 0
-    caching: bool = True
+__all__ = ["Replayed", "replay"]
 
 
 @dataclass(frozen=True)
