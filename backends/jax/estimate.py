@@ -39,8 +39,7 @@ from jax import export
 from unimem.backends.jax.estimate import figures
 exported = export.deserialize(bytearray(sys.stdin.buffer.read()))
 donate = tuple(json.loads(sys.argv[1]))
-args, kwargs = jax.tree.unflatten(exported.in_tree, exported.in_avals)
-compiled = jax.jit(exported.call, donate_argnums=donate).lower(*args, **kwargs).compile()
+compiled = jax.jit(exported.call, donate_argnums=donate).lower(*exported.in_avals).compile()
 print("UNIMEM-ESTIMATE " + json.dumps(figures(compiled)), flush=True)
 """
 
@@ -66,12 +65,21 @@ def _platform(compiled: Any) -> str | None:
     return None
 
 
-def _donated(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int]:
-    """The positional arguments ``jitted`` donates (a leaf of it donated donates the argument)."""
+def _flat_step(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any], list[int]]:
+    """``jitted`` as a function of the leaves of ``(args, kwargs)`` returning the leaves of its result, with
+    the leaves it donates. Exported so, the step's own containers (an optimizer's named-tuple state, a
+    model's dataclass) need no registration for serialization: only arrays cross the process boundary."""
     import jax
 
-    info = jitted.lower(*args, **kwargs).args_info[0]
-    return [i for i, arg in enumerate(info) if any(leaf.donated for leaf in jax.tree_util.tree_leaves(arg))]
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    info = jax.tree_util.tree_leaves(jitted.lower(*args, **kwargs).args_info)
+    donated = [i for i, arg in enumerate(info) if arg.donated]
+
+    def flat(*xs: Any) -> list[Any]:
+        call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, xs)
+        return list(jax.tree_util.tree_leaves(jitted(*call_args, **call_kwargs)))
+
+    return jax.jit(flat, donate_argnums=tuple(donated)), leaves, donated
 
 
 def compile_in_fresh_process(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -79,11 +87,12 @@ def compile_in_fresh_process(jitted: Any, args: tuple[Any, ...], kwargs: dict[st
     preallocating): its figures, with nothing of this process's pool taken."""
     from jax import export
 
-    blob = export.export(jitted)(*args, **kwargs).serialize()
+    flat, leaves, donated = _flat_step(jitted, args, kwargs)
+    blob = export.export(flat)(*leaves).serialize()
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(_donated(jitted, args, kwargs))],
+        [sys.executable, "-c", _CHILD, json.dumps(donated)],
         input=bytes(blob),
         capture_output=True,
         env=env,

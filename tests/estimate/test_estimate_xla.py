@@ -34,6 +34,36 @@ R["search"] = registry.get_backend("jax").search.predict_peak(lower(512))
 R["pair"] = unimem.estimate_memory(lambda n: (train, (params, spec(n))), 512, backend="jax")[512].peak
 R["fresh"] = compile_in_fresh_process(train, (params, spec(512)), {})
 R["here"] = figures(lower(512).compile())
+
+# An optimizer's state as optax keeps it (a NamedTuple), a model's own container class, and the
+# state donated: exported without registering either, the same figures as compiled here.
+from typing import NamedTuple
+from functools import partial
+
+class Moments(NamedTuple):
+    count: jax.Array
+    mu: dict
+
+@jax.tree_util.register_pytree_node_class
+class Box:
+    def __init__(self, inner):
+        self.inner = inner
+    def tree_flatten(self):
+        return (self.inner,), None
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+@partial(jax.jit, donate_argnums=(0, 1))
+def adam_like(box, state, x):
+    loss = lambda p: jnp.mean((jax.nn.relu(x @ p["w1"]) @ p["w2"]) ** 2)
+    grads = jax.grad(loss)(box.inner)
+    mu = jax.tree.map(lambda m, g: 0.9 * m + g, state.mu, grads)
+    return Box(jax.tree.map(lambda p, m: p - 1e-3 * m, box.inner, mu)), Moments(state.count + 1, mu)
+
+state = Moments(jnp.zeros((), jnp.int32), jax.tree.map(jnp.zeros_like, params))
+R["stateful_fresh"] = compile_in_fresh_process(adam_like, (Box(params), state, spec(512)), {})
+R["stateful_here"] = figures(adam_like.lower(Box(params), state, spec(512)).compile())
 try:
     unimem.estimate_memory(lower, 8, backend="jax", precision="bf16")
 except unimem.ConfigError as exc:
@@ -91,6 +121,8 @@ def test_jax_compiled_in_a_fresh_process_gives_the_figures_of_this_one(need: Any
     need("jax")
     r = pyjson(_JAX)
     assert r["fresh"] == r["here"]
+    assert r["stateful_fresh"] == r["stateful_here"]  # named-tuple state, a custom container, donation
+    assert r["stateful_here"]["alias"] > 0  # the donated state is written over, as training compiles it
     assert r["pair"] == r["sizes"]["512"]["peak"]  # (jitted, args) and the lowered step agree
 
 
