@@ -141,13 +141,14 @@ def jax_step(net: str, gpu: bool) -> tuple[Any, dict[str, Any], Callable[[int], 
     trained with optax, its state, and the abstract batch of size ``n``."""
     import jax
     import jax.numpy as jnp
-    from bench_search_rows import JAX_MODELS, _Adam, _optax
+    from bench_search_rows import JAX_MODELS
+    from jax_adam import Adam, optax_or_none
 
     spec = JAX_MODELS[net](gpu)
-    optax: Any = _optax(gpu)
+    optax: Any = optax_or_none(gpu)
     if optax is None:  # the CPU machine has no optax: the same update in plain JAX
-        optimizer: Any = _Adam(1e-3, 0.0) if spec.optimizer == "adam" else _Adam(1e-4, 1e-4)
-        optax = _Adam
+        optimizer: Any = Adam(1e-3, 0.0) if spec.optimizer == "adam" else Adam(1e-4, 1e-4)
+        optax = Adam
     else:
         optimizer = optax.adam(1e-3) if spec.optimizer == "adam" else optax.adamw(1e-4)
     state = {"params": spec.params, "opt": optimizer.init(spec.params)}
