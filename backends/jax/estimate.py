@@ -12,99 +12,15 @@ computed from the analysis's fields there (``JaxSearch.predict_peak``).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 from unimem.backends.base import Estimate
+from unimem.backends.jax._fresh_compile import FRESH_PLATFORMS, FreshCompileError, compile_exported, figures
 
 from unimem.errors import ConfigError
 from unimem.step_estimates import Measured, Plan
 
-__all__ = ["FRESH_PLATFORMS", "JaxEstimate", "compile_in_fresh_process", "figures"]
-
-# Platforms whose compilations take regions from a pool grown on demand (XLA autotunes there).
-FRESH_PLATFORMS = ("gpu", "cuda", "rocm", "tpu")
-# Seconds a fresh process may take to import JAX and compile one step.
-_FRESH_SECONDS = 900
-_MARK = "UNIMEM-ESTIMATE "
-
-# Run by a fresh process: the exported step (stdin) compiled and sized, the figures printed.
-_CHILD = r"""
-import json, sys
-import jax
-from jax import export
-from unimem.backends.jax.estimate import figures
-exported = export.deserialize(bytearray(sys.stdin.buffer.read()))
-donate = tuple(json.loads(sys.argv[1]))
-compiled = jax.jit(exported.call, donate_argnums=donate).lower(*exported.in_avals).compile()
-print("UNIMEM-ESTIMATE " + json.dumps(figures(compiled)), flush=True)
-"""
-
-
-def figures(compiled: Any) -> dict[str, Any]:
-    """The peak of a compiled step and XLA's memory-analysis fields, as plain data."""
-    from unimem import registry
-
-    analysis = compiled.memory_analysis()
-    fields = ("argument", "output", "alias", "temp", "generated_code")
-    found: dict[str, Any] = {name: int(getattr(analysis, f"{name}_size_in_bytes", 0) or 0) for name in fields}
-    found["peak"] = registry.get_backend("jax").search.predict_peak(compiled)
-    found["platform"] = _platform(compiled)
-    return found
-
-
-def _platform(compiled: Any) -> str | None:
-    import jax
-
-    for sharding in jax.tree_util.tree_leaves((compiled.input_shardings, compiled.output_shardings)):
-        for device in getattr(sharding, "device_set", ()):
-            return str(device.platform)
-    return None
-
-
-def _flat_step(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any], list[int]]:
-    """``jitted`` as a function of the leaves of ``(args, kwargs)`` returning the leaves of its result, with
-    the leaves it donates. Exported so, the step's own containers (an optimizer's named-tuple state, a
-    model's dataclass) need no registration for serialization: only arrays cross the process boundary."""
-    import jax
-
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    info = jax.tree_util.tree_leaves(jitted.lower(*args, **kwargs).args_info)
-    donated = [i for i, arg in enumerate(info) if arg.donated]
-
-    def flat(*xs: Any) -> list[Any]:
-        call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, xs)
-        return list(jax.tree_util.tree_leaves(jitted(*call_args, **call_kwargs)))
-
-    return jax.jit(flat, donate_argnums=tuple(donated)), leaves, donated
-
-
-def compile_in_fresh_process(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``jitted(*args, **kwargs)`` exported here and compiled in a fresh process (its allocator not
-    preallocating): its figures, with nothing of this process's pool taken."""
-    from jax import export
-
-    flat, leaves, donated = _flat_step(jitted, args, kwargs)
-    blob = export.export(flat)(*leaves).serialize()
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(donated)],
-        input=bytes(blob),
-        capture_output=True,
-        env=env,
-        timeout=_FRESH_SECONDS,
-        check=False,
-    )
-    lines = [line for line in done.stdout.decode(errors="replace").splitlines() if line.startswith(_MARK)]
-    if done.returncode != 0 or not lines:
-        tail = done.stderr.decode(errors="replace")[-2000:]
-        raise RuntimeError(f"unimem.estimate_memory: compiling the exported step in a fresh process failed:\n{tail}")
-    result: dict[str, Any] = json.loads(lines[-1][len(_MARK) :])
-    return result
+__all__ = ["JaxEstimate"]
 
 
 def _parts(found: dict[str, Any]) -> dict[str, int]:
@@ -146,7 +62,7 @@ class JaxEstimate(Estimate):
             jitted, args = made[0], tuple(made[1]) if len(made) > 1 else ()
             kwargs = dict(made[2]) if len(made) > 2 else {}
             if platform in FRESH_PLATFORMS:
-                found = compile_in_fresh_process(jitted, args, kwargs)
+                found = _exported(jitted, args, kwargs)
                 notes.append("exported and compiled in a fresh process: this process's pool took nothing")
             else:
                 found = figures(jitted.lower(*args, **kwargs).compile())
@@ -177,3 +93,12 @@ def _unseen(platform: str) -> tuple[str, ...]:
             "left under the cap may not hold (find_batch_size holds both against the pool)",
         )
     return ("XLA's CPU runtime and the process's own memory outside the step's buffers",)
+
+
+def _exported(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return compile_exported(jitted, args, kwargs)
+    except FreshCompileError as exc:
+        raise RuntimeError(
+            f"unimem.estimate_memory: compiling the exported step in a fresh process failed:\n{exc}"
+        ) from None

@@ -1,13 +1,26 @@
 """What ``find_batch_size`` asks of JAX: the peak a lowered step will reach, read from XLA's
 compiled program without running it, and the cause of a step's "Array has been deleted" after
-an out-of-memory error. Importing this module imports nothing of JAX."""
+an out-of-memory error. Importing this module imports nothing of JAX.
+
+On a GPU whose pool grows on demand a lowered step is compiled for its figures in a fresh process
+(``_fresh_compile``): autotuning there takes none of this process's pool, and its kernel choices are
+loaded here when this process compiles the step (no autotuning, no region), so the program sized is
+the program that runs."""
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 from unimem.backends.base import Search
+from unimem.backends.jax._fresh_compile import (
+    AUTOTUNE_FLAG,
+    FRESH_PLATFORMS,
+    FreshCompileError,
+    compile_lowered,
+    load_autotuned,
+)
 
 from unimem.memory_stats import MemoryStats
 
@@ -118,11 +131,8 @@ class JaxSearch(Search):
         """Whether XLA rematerialized ``lowered``'s compiled program (recomputes values to fit under its
         limit, and runs slower): its optimized HLO defines clones named ``*.remat*``. None when the compiled
         text is not available."""
-        stage = _compiled(lowered)
-        try:
-            text = stage.as_text()
-        except Exception:  # a stage without compiled text (an older JAX, a foreign object)
-            return None
+        sized = self._sized(lowered)
+        text = None if sized is None else sized["text"]
         return None if not isinstance(text, str) or not text else _REMAT.search(text) is not None
 
     def predict_peak(self, lowered: Any) -> int | None:
@@ -134,38 +144,85 @@ class JaxSearch(Search):
         CPU that field counts arguments and outputs only, while the temporaries are allocated too:
         there the peak is arguments + outputs + temporaries - the bytes outputs alias from arguments.
         Both agree with the measured peak (docs/measurements.md, "batch-size search")."""
-        stage = _compiled(lowered)
-        analysis = stage.memory_analysis() if hasattr(stage, "memory_analysis") else None
-        if analysis is None:
-            return None
-        held = (
-            int(analysis.argument_size_in_bytes)
-            + int(analysis.output_size_in_bytes)
-            + int(analysis.temp_size_in_bytes)
-            - int(analysis.alias_size_in_bytes)
-        )
-        peak = int(getattr(analysis, "peak_memory_in_bytes", 0) or 0)
-        # XLA's CPU figure leaves the temporaries out; elsewhere its own peak is the one to hold.
-        return held if _platform(stage) == "cpu" or peak <= 0 else peak
+        sized = self._sized(lowered)
+        return None if sized is None else sized["peak"]
 
     def predict_largest_buffer(self, lowered: Any) -> int | None:
         """The largest single buffer a run of ``lowered`` allocates: XLA takes all of a program's
         temporaries as one buffer (on an H200 the request that ran out was exactly
         ``temp_size_in_bytes``: docs/measurements.md), and each argument and output as its own.
         None when XLA gives no memory analysis."""
-        stage = _compiled(lowered)
-        analysis = stage.memory_analysis() if hasattr(stage, "memory_analysis") else None
-        if analysis is None:
-            return None
-        sizes = [int(analysis.temp_size_in_bytes)]
-        for info in ("args_info", "out_info"):
-            try:
-                sizes += _nbytes(getattr(stage, info))
-            except Exception:  # an older JAX without it: the temporaries alone
-                continue
-        return max(sizes)
+        sized = self._sized(lowered)
+        return None if sized is None else sized["largest"]
+
+    def _sized(self, lowered: Any) -> dict[str, Any] | None:
+        """``lowered``'s figures (peak, largest buffer, compiled text), each step sized once: the last
+        few are kept, the object beside them so that its id is not reused while kept."""
+        cache: dict[int, tuple[Any, dict[str, Any] | None]] = self.__dict__.setdefault("_sized_cache", {})
+        hit = cache.get(id(lowered))
+        if hit is not None and hit[0] is lowered:
+            return hit[1]
+        found = _size(lowered)
+        cache[id(lowered)] = (lowered, found)
+        while len(cache) > _KEPT:
+            del cache[next(iter(cache))]
+        return found
 
     def explain_step_error(self, exc: BaseException, after_oom: bool) -> str | None:
         """The cause of JAX's "Array has been deleted" raised by a step after an earlier trial's
         out-of-memory error (the step donated its state, which the failed call deleted); else None."""
         return _DONATED if after_oom and "has been deleted" in str(exc) else None
+
+
+_KEPT = 16  # sized steps remembered: a round of the search sizes two, and asks three figures of each
+
+
+def _grows_on_demand() -> bool:
+    """Whether this process's pool is grown on demand (growth on), so that a compilation here would
+    keep the regions its autotuning takes."""
+    import jax
+
+    preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").strip().lower()
+    allocator = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower()
+    return jax.default_backend() in FRESH_PLATFORMS and (preallocate in ("false", "0") or allocator == "platform")
+
+
+def _size(lowered: Any) -> dict[str, Any] | None:
+    """The figures of ``lowered``: on a pool grown on demand a ``Lowered`` is compiled in a fresh process
+    and its kernel choices loaded here (no autotuning here); else it is compiled here."""
+    stage = lowered
+    if _grows_on_demand() and hasattr(lowered, "as_text") and hasattr(lowered, "_lowering"):
+        try:
+            compile_lowered(lowered)  # autotunes there; the choices land in the shared directory
+        except FreshCompileError:
+            pass  # compiled here below, autotuning in this process as JAX does
+        else:
+            if AUTOTUNE_FLAG not in os.environ.get("XLA_FLAGS", ""):
+                stage = load_autotuned(lowered)  # kept in memory: the step's own compilation finds them
+    stage = _compiled(stage)
+    analysis = stage.memory_analysis() if hasattr(stage, "memory_analysis") else None
+    if analysis is None:
+        return None
+    held = (
+        int(analysis.argument_size_in_bytes)
+        + int(analysis.output_size_in_bytes)
+        + int(analysis.temp_size_in_bytes)
+        - int(analysis.alias_size_in_bytes)
+    )
+    peak = int(getattr(analysis, "peak_memory_in_bytes", 0) or 0)
+    sizes = [int(analysis.temp_size_in_bytes)]
+    for info in ("args_info", "out_info"):
+        try:
+            sizes += _nbytes(getattr(stage, info))
+        except Exception:  # an older JAX without it: the temporaries alone
+            continue
+    try:
+        text = stage.as_text()
+    except Exception:  # a stage without compiled text (an older JAX, a foreign object)
+        text = None
+    # XLA's CPU figure leaves the temporaries out; elsewhere its own peak is the one to hold.
+    return {
+        "peak": held if _platform(stage) == "cpu" or peak <= 0 else peak,
+        "largest": max(sizes),
+        "text": text,
+    }

@@ -15,7 +15,8 @@ _JAX = r"""
 import jax, jax.numpy as jnp
 import unimem
 from unimem import registry
-from unimem.backends.jax.estimate import compile_in_fresh_process, figures
+from unimem.backends.jax._fresh_compile import compile_exported as compile_in_fresh_process
+from unimem.backends.jax._fresh_compile import figures
 
 params = {"w1": jnp.full((256, 1024), 0.01), "w2": jnp.full((1024, 256), 0.01)}
 
@@ -34,6 +35,8 @@ R["search"] = registry.get_backend("jax").search.predict_peak(lower(512))
 R["pair"] = unimem.estimate_memory(lambda n: (train, (params, spec(n))), 512, backend="jax")[512].peak
 R["fresh"] = compile_in_fresh_process(train, (params, spec(512)), {})
 R["here"] = figures(lower(512).compile())
+from unimem.backends.jax._fresh_compile import compile_lowered
+R["module_fresh"] = compile_lowered(lower(512))  # the lowered step's StableHLO, compiled there
 
 # An optimizer's state as optax keeps it (a NamedTuple), a model's own container class, and the
 # state donated: exported without registering either, the same figures as compiled here.
@@ -121,6 +124,7 @@ def test_jax_compiled_in_a_fresh_process_gives_the_figures_of_this_one(need: Any
     need("jax")
     r = pyjson(_JAX)
     assert r["fresh"] == r["here"]
+    assert r["module_fresh"] == r["here"]
     assert r["stateful_fresh"] == r["stateful_here"]  # named-tuple state, a custom container, donation
     assert r["stateful_here"]["alias"] > 0  # the donated state is written over, as training compiles it
     assert r["pair"] == r["sizes"]["512"]["peak"]  # (jitted, args) and the lowered step agree
