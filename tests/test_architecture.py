@@ -9,6 +9,8 @@
 - the adapters (``backends/``) import neither the public face nor a feature folder of the front
   (``FEATURES``), anywhere in a module (functions and ``if TYPE_CHECKING:`` blocks included): they
   sit below the features they serve;
+- the feature folders keep their floors (``ABOVE``): observe imports nothing from compare, view or
+  the CLI, compare nothing from view or the CLI, view nothing from the CLI, anywhere in a module;
 - no ``_``-prefixed name is imported or reached from another module of the front;
 - no import cycle among the modules of ``unimem`` and ``unimem.backends``, imports inside
   functions included (``if TYPE_CHECKING:`` blocks excepted);
@@ -319,15 +321,20 @@ FEATURES = (
     "unimem.observe",
     "unimem.search",
     "unimem.training",
+    "unimem.view",
 )
 
 
-def _feature_imports(source: Source) -> list[str]:
-    """Imports of ``FEATURES`` in ``source``: module level, in functions and in TYPE_CHECKING blocks."""
+def _within(module: str, folder: str) -> bool:
+    return module == folder or module.startswith(f"{folder}.")
+
+
+def _feature_imports(source: Source, features: tuple[str, ...] = FEATURES) -> list[str]:
+    """Imports of ``features`` in ``source``: module level, in functions and in TYPE_CHECKING blocks."""
     bad = []
     for node, module, imported in _imports(source, typing_too=True):
         for target in [module, *(f"{module}.{name}" for name in imported)]:
-            if any(target == feature or target.startswith(f"{feature}.") for feature in FEATURES):
+            if any(_within(target, feature) for feature in features):
                 bad.append((node.lineno, f"line {node.lineno}: imports {target}"))
                 break
     return [text for _, text in sorted(bad)]
@@ -361,6 +368,57 @@ def test_the_feature_rule_catches_an_adapter_reaching_up():
         "line 10: imports unimem.api",
         "line 11: imports unimem.observe",
     ]
+
+
+# The floors of the feature folders: each imports nothing from the folders above it. observe records
+# and draws (a comparison's chart reads what the comparison offers); compare runs the workloads and
+# reads its own files through observe's readers; view shows recordings and comparisons; the CLI
+# calls them all. A folder reaching up would tie a lower one to every change above it.
+ABOVE = {
+    "unimem.observe": ("unimem.compare", "unimem.view", "unimem.cli"),
+    "unimem.compare": ("unimem.view", "unimem.cli"),
+    "unimem.view": ("unimem.cli",),
+}
+
+
+def _reaching_up(source: Source) -> list[str]:
+    """Imports in ``source`` of a folder above its own (``ABOVE``), wherever they are in the module."""
+    return [
+        text
+        for folder, above in ABOVE.items()
+        if _within(source.module, folder)
+        for text in _feature_imports(source, above)
+    ]
+
+
+@pytest.mark.parametrize(
+    "source", [s for s in FRONT_SOURCES if any(_within(s.module, folder) for folder in ABOVE)], ids=lambda s: s.rel
+)
+def test_feature_folders_import_nothing_above_them(source):
+    bad = _reaching_up(source)
+    assert not bad, f"{source.rel} reaches above its folder: " + "; ".join(bad)
+
+
+def test_the_floor_rule_catches_observe_reaching_up():
+    code = (
+        "from typing import TYPE_CHECKING\n"
+        "from unimem.observe.files import figure\n"
+        "if TYPE_CHECKING:\n"
+        "    from unimem.compare.harness import Comparison\n"
+        "def f():\n"
+        "    import unimem.compare\n"
+        "    from unimem import view\n"
+        "    from unimem.cli.main import main\n"
+    )
+    source = Source(FRONT / "observe" / "made_up.py", "unimem.observe.made_up", ast.parse(code))
+    assert _reaching_up(source) == [
+        "line 4: imports unimem.compare.harness",
+        "line 6: imports unimem.compare",
+        "line 7: imports unimem.view",
+        "line 8: imports unimem.cli.main",
+    ]
+    view = Source(FRONT / "view" / "made_up.py", "unimem.view.made_up", ast.parse(code))
+    assert _reaching_up(view) == ["line 8: imports unimem.cli.main"], "the view is above observe and compare"
 
 
 FRONT_MODULES = {s.module for s in ALL if s.path.is_relative_to(FRONT)}
