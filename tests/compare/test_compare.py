@@ -172,6 +172,15 @@ def _printed(result: Any) -> str:
 STEADY = [0.010, 0.0101, 0.0099, 0.0100, 0.0102]
 
 
+def test_a_comparison_lists_its_configurations_in_the_order_of_the_table() -> None:
+    """The chart's columns: the configurations the runs ran, in ``CONFIGS``'s order, each once."""
+    runs = [
+        {"framework": "torch", "workload": "mlp", "config": c} for c in ("remat", "turbo", "default", "cap", "default")
+    ]
+    assert compare_module.Comparison(runs).configs == ["default", "cap", "remat"]
+    assert compare_module.Comparison([]).configs == []
+
+
 def test_on_a_loaded_machine_the_output_says_the_times_are_not_comparable(monkeypatch: pytest.MonkeyPatch) -> None:
     result = _compare_with(monkeypatch, 5.0, STEADY)  # a load of 5 on 2 cores
     assert [run["load_average"] for run in result.results] == [5.0, 5.0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from click.testing import CliRunner
 
 from unimem.cli.main import main as cli_main
 from unimem.errors import ConfigError
-from unimem.observe.plotting import _ranks_figure, _recording_figure
+from unimem.observe.plotting import _ranks_figure, _recording_figure, plot_comparison
 from unimem.observe.recording import Recording
 from unimem.observe.samples import Mark, Sample
 
@@ -143,3 +144,35 @@ def test_the_plot_command_says_a_damaged_span_in_one_line(tmp_path: Path) -> Non
     result = CliRunner().invoke(cli_main, ["plot", str(path)])
     assert result.exit_code == 1 and "the recording is damaged" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "m.png").exists()
+
+
+@dataclass
+class _Runs:
+    """A comparison as the chart reads it, with no ``unimem.compare`` in sight."""
+
+    results: list[dict[str, Any]]
+    machine: dict[str, Any]
+    configs: list[str]
+    has_gpu: bool = False
+    times_comparable: bool = True
+
+
+def test_a_comparisons_chart_reads_the_configurations_and_figures_from_the_comparison(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.pyplot as plt
+
+    drawn: list[Any] = []
+    monkeypatch.setattr(plt, "close", drawn.append)
+    run = {"framework": "torch", "workload": "mlp", "ok": True, "step_ms": 10.0}
+    results = [
+        {**run, "config": "cap", "host_peak_rss": 1 << 30},
+        {**run, "config": "default", "host_peak_rss": 3 << 30},
+    ]
+    comparison = _Runs(results, {"device": "CPU only", "size": "small"}, ["cap", "default"])
+    plot_comparison(comparison, tmp_path / "compare.png")
+    assert (tmp_path / "compare.png").read_bytes().startswith(b"\x89PNG")
+    memory = drawn[0].axes[0]
+    assert [label.get_text() for label in memory.get_xticklabels()] == ["cap", "default"], "the comparison's order"
+    assert [bar.get_height() for bar in memory.patches] == [1.0, 3.0]
+    assert "host peak RSS" in memory.get_ylabel()

@@ -63,6 +63,11 @@ class Comparison:
         return any(r.get("process_peak") is not None or r.get("peak_reserved") is not None for r in self.results)
 
     @property
+    def configs(self) -> list[str]:
+        """The configurations its runs ran, in the order of ``CONFIGS`` (one it does not know is left out)."""
+        return [config for config in CONFIGS if any(run["config"] == config for run in self.results)]
+
+    @property
     def times_comparable(self) -> bool:
         """False when the machine was loaded or a run's step times spread widely (``timing_notes``)."""
         return not timing_notes(self)

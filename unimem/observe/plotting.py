@@ -19,8 +19,6 @@ from operator import attrgetter, eq, is_not, or_
 from pathlib import Path
 from typing import Any, Protocol
 
-from unimem.compare.harness import Comparison
-from unimem.compare.worker import CONFIGS
 from unimem.errors import BackendUnavailable, ConfigError
 from unimem.observe.samples import Mark, Sample
 from unimem.observe.thinning import axis_origin, shortened, spaced, thin_line
@@ -28,6 +26,7 @@ from unimem.observe.thinning import axis_origin, shortened, spaced, thin_line
 __all__ = [
     "FIGURE_LABELS",
     "PLOT_EXTRA",
+    "ComparisonRuns",
     "Plottable",
     "RANK_FIGURES",
     "RankLine",
@@ -60,6 +59,26 @@ class Plottable(Protocol):
 
     @property
     def gaps(self) -> list[tuple[float, str]]: ...
+
+
+class ComparisonRuns(Protocol):
+    """What a comparison's chart reads: ``unimem.compare.harness.Comparison`` is one (named here by
+    what it offers, so that compare may read its files through this folder, never the reverse)."""
+
+    @property
+    def results(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def machine(self) -> dict[str, Any]: ...
+
+    @property
+    def has_gpu(self) -> bool: ...
+
+    @property
+    def times_comparable(self) -> bool: ...
+
+    @property
+    def configs(self) -> list[str]: ...
 
 
 PLOT_EXTRA = "pip install 'unimem[plot]'"
@@ -520,7 +539,7 @@ def plot_ranks(
     return RanksPlot(target, name, tuple(drawn), tuple(notes))
 
 
-def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> None:
+def plot_comparison(comparison: ComparisonRuns, path: str | os.PathLike[str]) -> None:
     """A PNG of a ``unimem compare`` run (``unimem.compare.harness.Comparison``): memory (device
     peak, or host peak RSS without a GPU) and step time per run, one column per workload.
 
@@ -537,7 +556,7 @@ def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> Non
     memory_key = "process_peak" if comparison.has_gpu else "host_peak_rss"
     memory_label = "process peak on the GPU (NVML), GiB" if comparison.has_gpu else "host peak RSS, GiB (no GPU here)"
     frameworks = sorted({r["framework"] for r in comparison.results})
-    configs = [c for c in CONFIGS if any(r["config"] == c for r in comparison.results)]
+    configs = comparison.configs
     width = 0.8 / max(1, len(frameworks))
     for col, workload in enumerate(workloads):
         for row, (key, label, scale) in enumerate(
