@@ -149,7 +149,7 @@ def test_wheel_installs_into_a_fresh_venv(source, tmp_path):
         assert f"unimem/backends/{name}/__init__.py" in names, f"the wheel lacks unimem/backends/{name}/"
     assert not any(name.startswith(("backends/", "tests/")) for name in names)
     for part in ("page.html", "view.css", "thinning.js", "view.js"):  # unimem view puts them in every page
-        assert f"unimem/observe/view_page/{part}" in names, f"the wheel lacks the view page's {part}"
+        assert f"unimem/view/assets/{part}" in names, f"the wheel lacks the view page's {part}"
 
     python = _fresh_venv(tmp_path / "venv")
     _pip(python, wheel)

@@ -18,7 +18,7 @@ from unimem.compare.harness import Comparison, table_rows
 from unimem.errors import ConfigError
 from unimem.observe.recording import Recording
 from unimem.observe.samples import Mark, Sample
-from unimem.observe.view import FIGURES, view_html, write_view
+from unimem.view import FIGURES, view_html, write_view
 
 RUNS = [
     {

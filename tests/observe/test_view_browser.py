@@ -18,8 +18,8 @@ from test_view import _compare_file
 from view_pages import BROWSER, GIB, INSTALL, Loaded, browser_problem, chromium, synthetic_run
 
 from unimem.observe.thinning import spaced, thin_line
-from unimem.observe.view import write_view
 from unimem.sizes import format_bytes
+from unimem.view import write_view
 
 pytestmark = pytest.mark.slow  # a browser's start alone takes seconds on two cores
 

@@ -51,7 +51,7 @@ def view(
     import webbrowser
 
     from unimem.observe.files import check_target
-    from unimem.observe.view import write_view
+    from unimem.view import write_view
 
     cap = max_bytes_option(max_bytes)
     files = recording_files(recordings)

@@ -1,4 +1,4 @@
-// unimem view: the page's drawing. The data (unimem/observe/view.py) is a manifest (JSON) and one
+// unimem view: the page's drawing. The data (unimem/view/page.py) is a manifest (JSON) and one
 // block of float64 arrays; each draw thins the samples in view to the canvas's pixel columns
 // (thinning.js, the PNG's rule) and draws them on a 2D canvas. performance.mark("drawn") is set
 // when the first draw ends; window.unimemView holds the state a test or a benchmark reads.
