@@ -35,7 +35,7 @@ import benchlib
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "observe"))
 import view_pages  # noqa: E402  (the run and the browser the tests use, from their folder)
 
-from unimem.observe.view import write_view  # noqa: E402
+from unimem.view import write_view  # noqa: E402
 
 TARGETS_MS = {"drawn": 3000.0, "zoom": 500.0}
 ZOOM = """async () => {
