@@ -15,7 +15,6 @@ from typing import Any
 
 from unimem.backends.base import Search
 from unimem.backends.jax._fresh_compile import (
-    AUTOTUNE_FLAG,
     FRESH_PLATFORMS,
     FreshCompileError,
     compile_lowered,
@@ -197,8 +196,7 @@ def _size(lowered: Any) -> dict[str, Any] | None:
         except FreshCompileError:
             pass  # compiled here below, autotuning in this process as JAX does
         else:
-            if AUTOTUNE_FLAG not in os.environ.get("XLA_FLAGS", ""):
-                stage = load_autotuned(lowered)  # kept in memory: the step's own compilation finds them
+            stage = load_autotuned(lowered)  # kept in memory: the step's own compilation finds them
     stage = _compiled(stage)
     analysis = stage.memory_analysis() if hasattr(stage, "memory_analysis") else None
     if analysis is None:
