@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Any
 
 from unimem.backends.base import Search
@@ -42,7 +43,11 @@ def _platform(compiled: Any) -> str | None:
     """The platform (``"cpu"``, ``"gpu"``, ``"cuda"``, ``"tpu"``) the program was compiled for."""
     import jax
 
-    for sharding in jax.tree_util.tree_leaves((compiled.input_shardings, compiled.output_shardings)):
+    try:
+        shardings = (compiled.input_shardings, compiled.output_shardings)
+    except AttributeError:  # not a compiled JAX stage: no platform to read
+        return None
+    for sharding in jax.tree_util.tree_leaves(shardings):
         for device in getattr(sharding, "device_set", ()):
             return str(device.platform)
     return None
@@ -130,8 +135,14 @@ class JaxSearch(Search):
         """Whether XLA rematerialized ``lowered``'s compiled program (recomputes values to fit under its
         limit, and runs slower): its optimized HLO defines clones named ``*.remat*``. None when the compiled
         text is not available."""
-        sized = self._sized(lowered)
-        text = None if sized is None else sized["text"]
+        hit = self.__dict__.get("_sized_cache", {}).get(id(lowered))
+        if hit is not None and hit[0] is lowered and hit[1] is not None:
+            text = hit[1]["text"]  # sized already: its compiled text, not a second compilation
+        else:
+            try:
+                text = _compiled(lowered).as_text()
+            except Exception:  # a stage without compiled text (an older JAX, a foreign object)
+                return None
         return None if not isinstance(text, str) or not text else _REMAT.search(text) is not None
 
     def predict_peak(self, lowered: Any) -> int | None:
@@ -179,8 +190,9 @@ _KEPT = 16  # sized steps remembered: a round of the search sizes two, and asks 
 def _grows_on_demand() -> bool:
     """Whether this process's pool is grown on demand (growth on), so that a compilation here would
     keep the regions its autotuning takes."""
-    import jax
-
+    jax = sys.modules.get("jax")  # a step lowered by JAX has imported it; nothing else is sized this way
+    if jax is None:
+        return False
     preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").strip().lower()
     allocator = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower()
     return jax.default_backend() in FRESH_PLATFORMS and (preallocate in ("false", "0") or allocator == "platform")
@@ -190,7 +202,7 @@ def _size(lowered: Any) -> dict[str, Any] | None:
     """The figures of ``lowered``: on a pool grown on demand a ``Lowered`` is compiled in a fresh process
     and its kernel choices loaded here (no autotuning here); else it is compiled here."""
     stage = lowered
-    if _grows_on_demand() and hasattr(lowered, "as_text") and hasattr(lowered, "_lowering"):
+    if hasattr(lowered, "as_text") and hasattr(lowered, "_lowering") and _grows_on_demand():
         try:
             compile_lowered(lowered)  # autotunes there; the choices land in the shared directory
         except FreshCompileError:
