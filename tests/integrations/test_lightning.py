@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from conftest import free_port, run_ranks
-from trainers import need_package
+from trainers import EMULATED_DEVICE, SHAPED_SEARCH, need_package
 
 # A tiny model whose step "runs out of memory" above LIMIT samples; measure() reads the simulated
 # peak of the last step (1000 bytes fixed + PER bytes a sample), so the search sees real figures.
@@ -48,11 +48,12 @@ MODEL = """
         return int(1000 + PER * seen[-1])
 
     def trainer(callbacks, root, **kwargs):
-        return L.Trainer(
+        settings = dict(
             max_steps=2, callbacks=callbacks, logger=L.loggers.CSVLogger(root), log_every_n_steps=1,
             enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-            accelerator="cpu", default_root_dir=root, **kwargs,
+            accelerator="cpu", default_root_dir=root,
         )
+        return L.Trainer(**(settings | kwargs))
 
     def logged(root):
         rows = []
@@ -187,6 +188,63 @@ def test_ddp_ranks_agree_on_the_largest_batch_that_fits_on_every_rank(tmp_path: 
         assert r["attribute"] == answer and r["after_search"] == [answer, answer]
     memory_rows = [row for row in ranks[0]["rows"] if "mem_host_rss" in row]
     assert memory_rows and all(int(row["mem_host_rss"]) > 0 for row in memory_rows)
+
+
+# The finder against a fresh fit of its own loop, on an emulated device (EMULATED_DEVICE): the fit makes its
+# optimizer's state in its first step, so a fresh fit of three steps runs 23 samples, not 24.
+FIT_START = """
+    import unimem.integrations.lightning_base as base
+
+    STATE = True
+
+    class Emulated(Model):  # MODEL's, on the emulated device, with data far above any batch that fits
+        def training_step(self, batch, index):
+            x, y = batch
+            device(self, len(x), state=STATE)
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(torch.randn(4096, 8), torch.randn(4096, 1)), batch_size=self.batch_size)
+
+    def fit(size, callbacks=(), steps=3):
+        try:
+            trainer(list(callbacks), {root!r}, max_steps=steps).fit(Emulated(size))
+        except torch.OutOfMemoryError:
+            return False
+        return True
+
+    truth = {{n: fit(n) for n in (23, 24)}}
+    # The peaks read as if 25 fit: the device, not the limit, decides.
+    finder = BatchSizeFinder(measure=lambda: 1000 + 100 * sizes[-1], limit=1000 + 100 * (CAP + 1), progress=False)
+    fitted = fit(2, [finder])
+
+    # A GPT-2-like step, read as a GPU's search reads it, whose fit runs 12 samples.
+    STATE, CAP = False, 12
+    shaped(base, "find_batch_size")
+    gpt2 = BatchSizeFinder(progress=False)
+    fit(2, [gpt2], steps=1)
+    emit({{"truth": truth, "answer": finder.optimal_batch_size, "fitted": fitted,
+           "trials": [[t.batch_size, t.fits] for t in finder.search.trials],
+           "gpt2": gpt2.optimal_batch_size, "calls": calls}})
+"""
+
+
+@pytest.mark.slow
+def test_the_finder_answers_no_more_than_a_fresh_fit_runs_in_six_calls_at_most(
+    tmp_path: Any, pyjson: Any, need: Any
+) -> None:
+    """Each trial starts as the fit starts (no optimizer state yet, no gradients), so a size whose fit
+    makes its state at that size and then cannot run it is not the answer; and a GPT-2-like step is found
+    within 5% in six calls at most (the search bounded by the data, not aimed at it)."""
+    need("torch")
+    need_package("lightning")
+    model = MODEL.format(package="lightning.pytorch", integration="unimem.integrations.lightning", limit=4096)
+    code = model + EMULATED_DEVICE + SHAPED_SEARCH + FIT_START.format(root=str(tmp_path))
+    result = pyjson(code, timeout=400)
+    assert result["truth"] == {"23": True, "24": False}  # the fit's own truth on this device
+    assert 22 <= result["answer"] <= 23, result["trials"]
+    assert result["fitted"] is True  # the fit that follows trains with the answer
+    assert result["gpt2"] == 12 and 0 < len(result["calls"]) <= 6, result["calls"]
 
 
 # Lightning's own behaviours the drop-in keeps, each run in one shared fresh process; a scenario that

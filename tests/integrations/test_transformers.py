@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from trainers import need_package
+from trainers import EMULATED_DEVICE, SHAPED_SEARCH, need_package
 
 TRAIN = """
     import os
@@ -120,3 +120,83 @@ def test_trainer_trains_with_the_batch_found_logs_memory_and_explains_an_oom(
     assert result["recorded"] == 2
     assert result["error"] == {"cause": "OutOfMemoryError", "batch_size": 32}
     assert result["refused"] == {"trainer": "trainer", "steps_per_trial": "steps_per_trial", "margin": "margin"}
+
+
+# The finder against a fresh Trainer.train() on an emulated device (EMULATED_DEVICE), in three cases: gradients
+# added up over an accumulation (the fit's second batch runs beside the first one's gradients), the trainer's own
+# optimizer (its state made by the fit's first step), and a GPT-2-like step read as a GPU's search reads it.
+FIT_START = """
+    import os
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    import unimem.integrations.transformers as integration
+    from unimem.integrations.transformers import find_batch_size
+
+    STATE, GRADS = False, False
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4096
+
+        def __getitem__(self, index):
+            ids = torch.randint(0, 64, (16,))
+            return {{"input_ids": ids, "labels": ids}}
+
+    def forward(model, args, kwargs):
+        device(model, kwargs["input_ids"].shape[0], state=STATE, grads=GRADS)
+
+    def make(batch_size, accumulation=1, own_optimizer=False):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+        model.register_forward_pre_hook(forward, with_kwargs=True)
+        args = TrainingArguments(
+            output_dir={out!r}, per_device_train_batch_size=batch_size, max_steps=3,
+            gradient_accumulation_steps=accumulation, report_to="none", save_strategy="no", use_cpu=True,
+            disable_tqdm=True, logging_strategy="no",
+        )
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3) if own_optimizer else None
+        return Trainer(model=model, args=args, train_dataset=Data(), optimizers=(optimizer, None))
+
+    def runs(size, **kwargs):
+        try:
+            make(size, **kwargs).train()
+        except torch.OutOfMemoryError:
+            return False
+        return True
+
+    def case(**kwargs):
+        # The fit's truth on this device, and the finder's answer (the peaks read as if 25 fit: the device decides).
+        trainer = make(8, **kwargs)
+        search = find_batch_size(trainer, measure=lambda: 1000 + 100 * sizes[-1], limit=1000 + 100 * (CAP + 1),
+                                 return_trials=True, progress=False)
+        return {{"truth": [runs(23, **kwargs), runs(24, **kwargs)], "answer": search.batch_size,
+                 "trials": [[t.batch_size, t.fits] for t in search.trials],
+                 "trained": runs(search.batch_size, **kwargs)}}
+
+    out = {{}}
+    GRADS = True
+    out["accumulated"] = case(accumulation=2)
+    STATE, GRADS = True, False
+    out["own_optimizer"] = case(own_optimizer=True)
+    STATE, CAP = False, 13
+    shaped(integration, "_find_batch_size")
+    out["gpt2"] = {{"answer": find_batch_size(make(8)), "calls": calls}}
+    emit(out)
+"""
+
+
+@pytest.mark.slow
+def test_the_finder_answers_no_more_than_a_fresh_train_runs_in_six_calls_at_most(
+    tmp_path: Any, pyjson: Any, need: Any
+) -> None:
+    """Each trial runs train()'s optimizer step (its accumulation, from no gradients and the optimizer's state
+    as train() finds it), so no answer passes what a fresh train() runs; a GPT-2-like step is found within 5%
+    in six calls at most (the search bounded by the data, not aimed at it)."""
+    need("torch")
+    need_package("transformers")
+    result = pyjson(EMULATED_DEVICE + SHAPED_SEARCH + FIT_START.format(out=str(tmp_path / "out")), timeout=600)
+    for name in ("accumulated", "own_optimizer"):
+        case = result[name]
+        assert case["truth"] == [True, False], (name, case)  # a fresh train() runs 23, not 24
+        assert 22 <= case["answer"] <= 23 and case["trained"] is True, (name, case["trials"])
+    assert result["gpt2"]["answer"] == 13 and 0 < len(result["gpt2"]["calls"]) <= 6, result["gpt2"]

@@ -57,7 +57,8 @@ class BatchSizeFinder(BatchSizeFinderMixin, _LightningBatchSizeFinder):
     """Lightning's ``BatchSizeFinder`` with unimem's search: the largest batch that fits, also under DDP.
 
     Takes Lightning's arguments. At the start of ``fit`` it tries sizes (each a real run of
-    ``steps_per_trial`` training steps, the checkpoint restored afterwards), sets the answer where Lightning
+    ``steps_per_trial`` training steps of the fit's own loop, from the fit's own start: no gradients, the
+    optimizer's state as the fit finds it; the checkpoint restored afterwards), sets the answer where Lightning
     does (the ``batch_arg_name`` attribute of the model, its ``hparams`` or the datamodule), and fit goes on
     with it. Under DDP every rank searches together and gets the same answer. Sizes are held to ``max_val``
     and to one rank's share of the training data. As Lightning's finder: run by Lightning's ``Tuner`` in place
@@ -70,8 +71,8 @@ class BatchSizeFinder(BatchSizeFinderMixin, _LightningBatchSizeFinder):
         steps_per_trial: Training steps per size tried (default 3: the optimizer's state is allocated in the
             first, and the step after it holds it beside the activations).
         init_val: The first size tried (default 2).
-        max_trials: The most sizes tried, re-runs included (default 25); 0: none, the start size kept, as in
-            Lightning.
+        max_trials: The most sizes tried, one refused above the bound unrun included (default 25); 0: none, the
+            start size kept, as in Lightning.
         batch_arg_name: The attribute that holds the batch size (default ``"batch_size"``).
         margin: The answer is at least ``(1 - margin)`` × the largest size that fits (default 0.05).
         max_val: No size above it (default 8192); None: no bound but the data.

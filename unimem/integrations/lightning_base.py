@@ -8,11 +8,13 @@ mixins reach the package through the class attribute ``_pl``.
 
 How the finder tries a size: it saves a checkpoint, then each call of the step sets the batch size
 attribute (``lightning_setattr``, as Lightning's finder), rebuilds the dataloaders and runs the fit
-loop for ``steps_per_trial`` steps without loggers, callbacks or validation; afterwards it restores
-the checkpoint and sets the answer. Over DDP ranks the sizes are agreed through ``find_batch_size``'s
-store, and each trial makes no collective: the DDP module runs under ``no_sync()`` and the strategy's
-own collectives (the dataloader barrier, the per-batch SIGTERM broadcast, ``sync_dist`` logging)
-stay local, so one rank's out-of-memory error cannot leave the others waiting in one.
+loop for ``steps_per_trial`` steps without loggers, callbacks or validation, from the fit's own start
+(no gradients, the optimizers' state as the fit finds it: ``unimem.integrations.trials``); afterwards
+it restores the checkpoint, empties the cache the checkpoint was read into, and sets the answer. Over
+DDP ranks the sizes are agreed through ``find_batch_size``'s store, and each trial makes no collective:
+the DDP module runs under ``no_sync()`` and the strategy's own collectives (the dataloader barrier,
+the per-batch SIGTERM broadcast, ``sync_dist`` logging) stay local, so one rank's out-of-memory error
+cannot leave the others waiting in one.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 from unimem.diagnose.recognise import find_oom
 from unimem.errors import ConfigError
 from unimem.integrations.memory_logs import FIGURES, combine, figures
+from unimem.integrations.trials import SEARCH_SETTINGS, FitStart, bounded
 from unimem.observe.hook import MemoryHook
 from unimem.search.batch_size import BatchSizeSearch, find_batch_size
 from unimem.search.settings import check
@@ -317,26 +320,33 @@ class BatchSizeFinderMixin(_Package):
         if trainer.progress_bar_callback:
             trainer.progress_bar_callback.disable()
 
+        fit_start = FitStart(trainer.optimizers, _trained_parameters(trainer, pl_module))
+
         def step(size: int) -> None:
             parsing.lightning_setattr(pl_module, self._batch_arg_name, size)
             scaling._reset_dataloaders(trainer)
             scaling._reset_progress(trainer)
-            with _local_collectives(trainer):
-                scaling._try_loop_run(trainer, params)
+            fit_start.restore()  # the optimizer's state and the gradients are made in the trial, as in the fit
+            try:
+                with _local_collectives(trainer):
+                    scaling._try_loop_run(trainer, params)
+            finally:
+                fit_start.restore()  # nothing of this trial's stays for the next one, or for the fit
 
         try:
             distributed = trainer.world_size > 1
+            largest = self._largest(trainer)
             self.search = find_batch_size(
-                step,
-                start=min(self._init_val, self._largest(trainer)),
+                bounded(step, largest, "max_val and one rank's share of the training data"),
+                start=min(self._init_val, largest),
                 backend="torch",
                 device=device_index(trainer),
-                max_size=self._largest(trainer),
                 margin=self._margin,
                 max_trials=self._max_trials,
                 return_trials=True,
                 model=trainer.strategy.model if distributed else None,
                 collective=distributed,
+                **SEARCH_SETTINGS,
                 **self._options,
             )
             answer = self.search.batch_size
@@ -351,6 +361,7 @@ class BatchSizeFinderMixin(_Package):
                 trainer.progress_bar_callback.enable()
             trainer._checkpoint_connector.restore(path)
             trainer.strategy.remove_checkpoint(path)
+            _empty_cache(trainer)  # the checkpoint was read onto the device: the fit starts from an empty pool
         return answer
 
     def _largest(self, trainer: Any) -> int:
@@ -362,6 +373,20 @@ class BatchSizeFinderMixin(_Package):
             share = loop._combined_loader._dataset_length() // max(1, trainer.world_size)
             bound = share if bound is None else min(bound, share)
         return max(1, bound) if bound is not None else 1 << 62
+
+
+def _trained_parameters(trainer: Any, pl_module: Any) -> list[Any]:
+    """The module's parameters and every one its optimizers step."""
+    stepped = [p for optimizer in trainer.optimizers for group in optimizer.param_groups for p in group["params"]]
+    return [*pl_module.parameters(), *stepped]
+
+
+def _empty_cache(trainer: Any) -> None:
+    """The caching allocator's unused memory given back, on a CUDA device."""
+    if getattr(trainer.strategy.root_device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 # This rank's answers to the strategy's collectives. Module-level functions: Lightning stores the

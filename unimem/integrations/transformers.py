@@ -27,6 +27,7 @@ from unimem.diagnose.guard import OOMGuard
 from unimem.diagnose.guard import oom_guard as _oom_guard
 from unimem.errors import ConfigError
 from unimem.integrations.memory_logs import combine, figures
+from unimem.integrations.trials import SEARCH_SETTINGS, FitStart, bounded
 from unimem.observe.hook import MemoryHook
 from unimem.search.batch_size import BatchSizeSearch
 from unimem.search.batch_size import find_batch_size as _find_batch_size
@@ -164,9 +165,12 @@ def find_batch_size(
     """The largest per-device batch that fits, by unimem's search with the trainer's own training step; the
     trainer trains with it from now on.
 
-    Each size tried runs ``steps_per_trial`` steps of ``trainer.training_step`` (its loss, mixed precision
-    and activation checkpointing) on batches of the trainer's own training dataloader, each followed by an
-    optimizer step (the trainer's optimizer, else one made as ``train()`` makes it). Afterwards the model's
+    Each size tried runs ``steps_per_trial`` optimizer steps as ``train()`` runs them: ``trainer.training_step``
+    (its loss, mixed precision and activation checkpointing) on ``gradient_accumulation_steps`` batches of the
+    trainer's own training dataloader, the gradients clipped to ``max_grad_norm``, then the optimizer's step
+    (the trainer's optimizer, else one made as ``train()`` makes it). Like ``train()``, each starts with no
+    gradients and the optimizer's state as ``train()`` finds it, so a size that runs is one the fit can run.
+    Sizes above the bound are refused without running. Afterwards the model's
     weights, the optimizer and the random state are as before, and the answer is the trainer's batch size:
     ``args.per_device_train_batch_size`` and the size its training dataloader is built with (the ``Trainer``
     copies that argument when it is made, so setting it alone would change nothing). Under ``torchrun``
@@ -179,7 +183,7 @@ def find_batch_size(
         steps_per_trial: Training steps per size tried (default 2: the optimizer's state is allocated in the first,
             and the second holds it beside the activations).
         margin: The answer is at least ``(1 - margin)`` × the largest size that fits (default 0.05).
-        max_trials: The most sizes tried, re-runs included (default 20).
+        max_trials: The most sizes tried (default 20).
         limit: Bytes (or ``"20GiB"``) a trial's peak may reach; None (default): the device's cap.
         measure: Returns the last trial's peak bytes; None (default): torch's peak figure.
         time_limit: Seconds the whole search may take; None (default): no bound.
@@ -216,7 +220,6 @@ def find_batch_size(
         "start": first,
         "backend": "torch",
         "device": _device_index(args),
-        "max_size": bound,
         "margin": margin,
         "measure": measure,
         "limit": limit,
@@ -225,17 +228,27 @@ def find_batch_size(
         "timeout": timeout,
         "time_limit": time_limit,
     }
-    check(**options, baseline=None, return_trials=return_trials)  # every argument, before anything changes
+    # Every argument, before anything changes; the bound is held by the step (``trials.bounded``).
+    check(**options, max_size=bound, baseline=None, return_trials=return_trials)
 
     model = checked.model
     _enable_checkpointing(checked)
     with _restored(checked):
+        fit_start = FitStart([checked.optimizer] if checked.optimizer is not None else [], model.parameters())
 
         def step(size: int) -> None:
             checked._train_batch_size = size
-            _train_steps(checked, model, steps_per_trial)
+            fit_start.restore()  # the optimizer's state and the gradients are made in the trial, as in train()
+            try:
+                _train_steps(checked, model, steps_per_trial)
+            finally:
+                fit_start.restore()
 
-        search = cast(BatchSizeSearch, _find_batch_size(step, **options, collective=_world() > 1, return_trials=True))
+        held = bounded(step, bound, "max_size and one rank's share of the training data")
+        search = cast(
+            BatchSizeSearch,
+            _find_batch_size(held, **options, **SEARCH_SETTINGS, collective=_world() > 1, return_trials=True),
+        )
     checked._train_batch_size = search.batch_size
     args.per_device_train_batch_size = search.batch_size
     return search if return_trials else search.batch_size
@@ -262,20 +275,27 @@ def _enable_checkpointing(trainer: Any) -> None:
 
 
 def _train_steps(trainer: Any, model: Any, steps: int) -> None:
-    """``steps`` training steps at the trainer's current batch size, each with an optimizer step."""
+    """``steps`` optimizer steps at the trainer's current batch size, each as ``train()`` makes it: the
+    ``gradient_accumulation_steps`` batches taken first, a training step on each (the gradients add up),
+    the gradients clipped to ``max_grad_norm``, the optimizer stepped, the gradients set to None."""
     loader = trainer.get_train_dataloader()
     own = trainer.optimizer is None
     optimizer = trainer.create_optimizer() if own else trainer.optimizer
+    accumulation = max(1, int(trainer.args.gradient_accumulation_steps))
+    clip = float(trainer.args.max_grad_norm or 0.0)
     batches = iter(loader)
     try:
         for _ in range(steps):
-            inputs = next(batches, None)
-            if inputs is None:
+            inputs = [batch for batch in (next(batches, None) for _ in range(accumulation)) if batch is not None]
+            if not inputs:
                 break
-            trainer.training_step(model, inputs)
-            del inputs
+            for each in inputs:  # all of them held to the optimizer step, as train() holds them
+                trainer.training_step(model, each)
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
+            del inputs, each
     finally:
         close = getattr(batches, "close", None)
         if close is not None:
@@ -312,9 +332,10 @@ def _restored(trainer: Any) -> Iterator[None]:
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     training = model.training
     batch_size = trainer._train_batch_size
-    steps_missing = not hasattr(trainer, "current_gradient_accumulation_steps")
-    if steps_missing:
-        trainer.current_gradient_accumulation_steps = 1  # set by train(); training_step divides the loss by it
+    missing = object()
+    steps_before = getattr(trainer, "current_gradient_accumulation_steps", missing)
+    # Set by train() to the batches of each optimizer step; training_step divides the loss by it.
+    trainer.current_gradient_accumulation_steps = max(1, int(trainer.args.gradient_accumulation_steps))
     try:
         yield
     finally:
@@ -326,5 +347,7 @@ def _restored(trainer: Any) -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_rng)
         model.train(training)
         trainer._train_batch_size = batch_size
-        if steps_missing:
+        if steps_before is missing:
             del trainer.current_gradient_accumulation_steps
+        else:
+            trainer.current_gradient_accumulation_steps = steps_before
