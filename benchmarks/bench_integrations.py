@@ -11,23 +11,31 @@ Each finder runs in a fresh process:
 
 Starts: Lightning's finders start at its default ``init_val=2``; ``trainer-unimem`` at the Trainer's
 default ``per_device_train_batch_size=8``; ``trainer-auto`` only comes down, so it starts at 512 (at
-the Trainer's default of 8 it would stop at 8; on the CPU at 96). A call is one size tried (Lightning:
-one run of its trial loop; Trainer: one call of its inner training loop or one unimem trial). Per
-row: ``start``, ``cap``, ``found``, ``calls``, ``failed_calls``, ``seconds`` (the finder alone),
-``reserved_after`` and ``allocated_after`` (torch's pool right after the finder; for
-``trainer-auto``, after its three training steps: the finder is the training), and ``sizes``
-(each call: size, ran).
+the Trainer's default of 8 it would stop at 8; on the CPU at 96). A call is one size the finder
+ran, every one the user waits for (Lightning: one run of its trial loop, a re-run of the answer
+included; Trainer: one call of its inner training loop, or each of unimem's trials and re-runs).
+Per row: ``start``, ``cap``, ``found``, ``calls``, ``failed_calls``, ``seconds`` (the finder
+alone), ``reserved_after`` and ``allocated_after`` (torch's pool right after the finder; for
+``trainer-auto``, after its three training steps: the finder is the training), ``sizes`` (each
+call: size, ran) and, for unimem's finders, ``trials`` (each size of the search: size, ran, peak
+bytes in use, peak bytes reserved, why it was tried), enough to replay the search elsewhere.
 
 Each row's ``true_max`` is measured in its finder's own loop, so that no finder can exceed it:
-for the Lightning finders, the largest batch for which the same Lightning fit (the same model,
-module, Trainer settings and precision, ``max_steps=2``) runs under the cap; for the Trainer's,
-the largest ``per_device_train_batch_size`` for which the same ``Trainer.train()`` (the same
-arguments, ``max_steps=2``) does. Each size is tried in a fresh process, two at a time, from
-the largest answer of that loop's finders and the size above it, then up or down to a size that
-runs beside one that does not (``truths``: every probe), within ``--truth-budget`` seconds (both
-loops at once); ``share`` is ``found / true_max``, and ``exceeds_truth`` says whether the answer
-is above what runs in a fresh process of its loop. The summary (``checks``) names every finder
-whose answer exceeds its truth, and holds unimem's finders to ``UNIMEM_TARGETS``.
+for the Lightning finders, the largest batch for which a fresh Lightning fit (the same model,
+module, Trainer settings and precision, no finder) runs under the cap; for the Trainer's, the
+largest ``per_device_train_batch_size`` for which a fresh ``Trainer.train()`` (the same arguments,
+no ``auto_find_batch_size``) does. The rule for steps: the fit runs ``TRUTH_STEPS[loop]``
+optimizer steps, the most that any finder of that loop runs per size it tries (Lightning's
+three finders: ``steps_per_trial=3``; ``trainer-auto`` trains ``max_steps=3``; unimem's Trainer
+finder runs ``steps_per_trial=2``), so no finder's trial runs longer than the fit that judges it,
+and each of unimem's trials holds the optimizer's state beside the activations from its second
+step. Each size is tried in a fresh process, two at a time, from the largest answer of that
+loop's finders and the size above it, then up or down to a size that runs beside one that does
+not (``truths``: every probe, with its peak bytes on a GPU), within ``--truth-budget`` seconds
+(both loops at once); ``share`` is ``found / true_max``, and ``exceeds_truth`` says whether the
+answer is above what runs in a fresh process of its loop. The summary (``checks``) names every
+finder whose answer exceeds its truth, and holds unimem's finders to ``UNIMEM_TARGETS``: not
+above the truth, at least 95% of it, in at most 6 calls.
 ``plain_loop``, for reference only: the largest batch two AdamW steps of a plain loop fit under
 the cap, in one process (``find_batch_size(margin=0)``) -- not the finders' loop, so it holds other
 memory and judges no row.
@@ -35,9 +43,12 @@ memory and judges no row.
     python benchmarks/bench_integrations.py --out benchmarks/results/integrations-gpu-h200.json --machine LABEL
     python benchmarks/bench_integrations.py --cpu --out /tmp/integrations.json   # a tiny GPT-2
 
-On the CPU a tiny GPT-2 "runs out of memory" above ``CPU_CAP`` samples (a forward hook raises torch's
-error): logic only, no figure, and the truth in every loop is ``CPU_CAP``. Takes about 6 minutes
-on one H200.
+On the CPU a tiny GPT-2 "runs out of memory" as a device would (``_emulated_device``): above
+``CPU_CAP`` samples, and above ``CPU_CAP - 1`` where an optimizer's state was made by a step of
+that size or larger -- the pool a fit's first step leaves, which the state it makes then splits,
+holds one sample less at the second step; state made by an earlier, smaller trial splits nothing.
+A fresh fit of two steps or more thus runs ``CPU_CAP - 1`` in every loop: logic only, no figure.
+Takes about 6 minutes on one H200.
 """
 
 from __future__ import annotations
@@ -65,7 +76,11 @@ LOOPS = {  # the finders that train in one loop, and so share its truth
     "lightning": ("lightning-unimem", "lightning-power", "lightning-binsearch"),
     "trainer": ("trainer-unimem", "trainer-auto"),
 }
-TRUTH_STEPS = 2  # a size runs when this many training steps do (AdamW's state is made in the first)
+# Optimizer steps per size tried: Lightning's finders (its default), trainer-auto's training, unimem's Trainer finder.
+LIGHTNING_TRIAL_STEPS, AUTO_STEPS, UNIMEM_TRAINER_STEPS = 3, 3, 2
+# A size runs in a loop when a fresh fit of it runs this many optimizer steps: the most any finder of the loop
+# runs per size (AdamW's state is made in the first, and held beside the activations from the second).
+TRUTH_STEPS = {"lightning": LIGHTNING_TRIAL_STEPS, "trainer": max(AUTO_STEPS, UNIMEM_TRAINER_STEPS)}
 TRUTH_WIDTH = 2  # fresh processes at once per loop (each under its own cap)
 PROBE_SECONDS = 60.0  # a fresh process's probe is given at least this, else what the truths' budget has left
 # Seconds for everything and for the truths: GPU, CPU (fresh processes of the tiny model on a slow CPU).
@@ -84,14 +99,52 @@ def _model(spec: dict[str, Any]) -> tuple[Any, int, int]:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config).train()
     if not spec["gpu"]:
-
-        def simulated_cap(module: Any, args: Any, kwargs: Any) -> None:
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            if ids is not None and ids.shape[0] > CPU_CAP:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
-
-        model.register_forward_pre_hook(simulated_cap, with_kwargs=True)
+        _emulated_device(model)
     return model, config.n_positions, config.vocab_size
+
+
+def room(size: int, state_made_at: list[int]) -> int:
+    """The largest batch the emulated device runs a forward pass of ``size`` at: ``CPU_CAP``, one less
+    where an optimizer holds state made by a step of ``size`` or more (``state_made_at``: the batch
+    size of the step that made each optimizer's state now held)."""
+    return CPU_CAP - (1 if any(made >= size for made in state_made_at) else 0)
+
+
+def _emulated_device(model: Any) -> None:
+    """On the CPU, a device for ``model`` (see the module's docstring): a forward pass above ``room``
+    raises torch's out-of-memory error. Each optimizer's state is dated by the batch of the last
+    forward pass when a step made it (a step of an optimizer that held none: Lightning's step runs
+    its forward pass inside, through the closure)."""
+    import weakref
+
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    made: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+    stateless: weakref.WeakSet[Any] = weakref.WeakSet()
+    last = [0]
+
+    def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not optimizer.state:
+            stateless.add(optimizer)
+
+    def after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if optimizer in stateless and optimizer.state:
+            made[optimizer] = last[0]
+        stateless.discard(optimizer)
+
+    def forward(module: Any, args: Any, kwargs: Any) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            return
+        last[0] = size = int(ids.shape[0])
+        if size > room(size, [at for optimizer, at in made.items() if optimizer.state]):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    # Every optimizer of this process (the finders' and the fit's own).
+    register_optimizer_step_pre_hook(before_step)
+    register_optimizer_step_post_hook(after_step)
+    model.register_forward_pre_hook(forward, with_kwargs=True)
 
 
 class _Tokens:
@@ -116,6 +169,20 @@ def _pool(spec: dict[str, Any]) -> dict[str, int | None]:
     if not spec["gpu"]:
         return {"reserved_after": None, "allocated_after": None}
     return {"reserved_after": torch.cuda.memory_reserved(), "allocated_after": torch.cuda.memory_allocated()}
+
+
+def _peaks(spec: dict[str, Any]) -> dict[str, int | None]:
+    """torch's peak bytes in use and reserved in this process so far (None on the CPU)."""
+    import torch
+
+    if not spec["gpu"]:
+        return {"peak_allocated": None, "peak_reserved": None}
+    return {"peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved()}
+
+
+def _trials(search: Any) -> list[list[Any]]:
+    """Each size a unimem search ran: size, ran, peak bytes in use, peak bytes reserved, why it was tried."""
+    return [[t.batch_size, t.fits, t.peak, t.peak_reserved, t.reason] for t in (*search.trials, *search.confirmations)]
 
 
 def _lightning_module(spec: dict[str, Any], batch_size: int = 2) -> Any:
@@ -183,14 +250,17 @@ def lightning_row(spec: dict[str, Any]) -> dict[str, Any]:
             after.update(_pool(spec), seconds=time.perf_counter() - started)
 
     if spec["finder"] == "lightning-unimem":
-        finder: Any = UnimemFinder(progress=False)
+        finder: Any = UnimemFinder(steps_per_trial=LIGHTNING_TRIAL_STEPS, progress=False)
     else:
-        finder = L.callbacks.BatchSizeFinder(mode=spec["finder"].split("-")[1])
+        finder = L.callbacks.BatchSizeFinder(mode=spec["finder"].split("-")[1], steps_per_trial=LIGHTNING_TRIAL_STEPS)
     module = _lightning_module(spec)
     trainer = _lightning_trainer(spec, 1, [finder, Probe()])
     started = time.perf_counter()
     trainer.fit(module)
-    return {"start": 2, "found": finder.optimal_batch_size, "sizes": calls, **after}
+    row = {"start": 2, "found": finder.optimal_batch_size, "sizes": calls, **after}
+    if spec["finder"] == "lightning-unimem":
+        row["trials"] = _trials(finder.search)
+    return row
 
 
 def _hf_trainer(spec: dict[str, Any], batch_size: int, max_steps: int, auto: bool) -> Any:
@@ -217,13 +287,15 @@ def trainer_row(spec: dict[str, Any]) -> dict[str, Any]:
 
     auto = spec["finder"] == "trainer-auto"
     start = (AUTO_START if spec["gpu"] else CPU_AUTO_START) if auto else 8
-    trainer = _hf_trainer(spec, start, 3, auto)
+    trainer = _hf_trainer(spec, start, AUTO_STEPS, auto)
     started = time.perf_counter()
     if not auto:
-        search = find_batch_size(trainer, return_trials=True, progress=False)
+        search = find_batch_size(trainer, steps_per_trial=UNIMEM_TRAINER_STEPS, return_trials=True, progress=False)
         seconds = time.perf_counter() - started
-        sizes = [[t.batch_size, t.error is None] for t in search.trials]
-        return {"start": start, "found": search.batch_size, "sizes": sizes, "seconds": seconds, **_pool(spec)}
+        trials = _trials(search)  # every call of the step: the search's trials and any re-run after it
+        sizes = [[size, ran] for size, ran, *_ in trials]
+        row = {"start": start, "found": search.batch_size, "sizes": sizes, "trials": trials, "seconds": seconds}
+        return row | _pool(spec)
     calls: list[list[Any]] = []
     inner = trainer._inner_training_loop
 
@@ -240,22 +312,23 @@ def trainer_row(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def loop_probe(spec: dict[str, Any]) -> dict[str, Any]:
-    """One size in a finder's own loop, in this fresh process: whether ``TRUTH_STEPS`` training steps
-    of it run under the cap (a Lightning fit, or ``Trainer.train()``, as the finders' rows build them)."""
+    """One size in a finder's own loop, in this fresh process: whether ``TRUTH_STEPS[loop]`` optimizer
+    steps of it run under the cap (a Lightning fit, or ``Trainer.train()``, as the finders' rows build
+    them, without the finder), and torch's peaks (on a failure, up to it)."""
     import unimem
 
-    size, started = spec["size"], time.perf_counter()
+    size, started, steps = spec["size"], time.perf_counter(), TRUTH_STEPS[spec["loop"]]
     try:
         if spec["loop"] == "lightning":
-            _lightning_trainer(spec, TRUTH_STEPS, []).fit(_lightning_module(spec, size))
+            _lightning_trainer(spec, steps, []).fit(_lightning_module(spec, size))
         else:
-            _hf_trainer(spec, size, TRUTH_STEPS, auto=False).train()
+            _hf_trainer(spec, size, steps, auto=False).train()
         ran = True
     except Exception as exc:
         if not unimem.is_oom(exc):
             raise
         ran = False
-    return {"ran": ran, "seconds": round(time.perf_counter() - started, 2), **_pool(spec)}
+    return {"ran": ran, "seconds": round(time.perf_counter() - started, 2), **_peaks(spec), **_pool(spec)}
 
 
 def plain_loop_row(spec: dict[str, Any]) -> dict[str, Any]:
@@ -421,7 +494,15 @@ def loop_truth(loop: str, start: int, gpu: bool, until: float) -> dict[str, Any]
         with ThreadPoolExecutor(max_workers=len(sizes)) as pool:
             outs = list(pool.map(_child, specs, [timeout] * len(specs)))
         probes += [
-            [n, out.get("ran"), out.get("seconds"), out.get("error")] for n, out in zip(sizes, outs, strict=True)
+            [
+                n,
+                out.get("ran"),
+                out.get("seconds"),
+                out.get("error"),
+                out.get("peak_allocated"),
+                out.get("peak_reserved"),
+            ]
+            for n, out in zip(sizes, outs, strict=True)
         ]
         last = time.monotonic() - t0
         if any(out.get("ran") is None for out in outs):
@@ -436,7 +517,7 @@ def loop_truth(loop: str, start: int, gpu: bool, until: float) -> dict[str, Any]
         "low": low,
         "high": high,
         "odd": odd,
-        "probes": probes,  # [size, ran, seconds, error]
+        "probes": probes,  # [size, ran, seconds, error, peak bytes in use, peak bytes reserved]
         "seconds": round(time.monotonic() - began, 1),
     }
 

@@ -3,7 +3,7 @@ its own loop, found in fresh processes from the finders' answers."""
 
 from __future__ import annotations
 
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -135,3 +135,25 @@ def test_the_truth_in_a_loop_probes_fresh_processes_within_its_time(bench: Modul
     clock = iter(range(0, 10_000, 10))
     erred = bench.loop_truth("lightning", 13, gpu=False, until=1_000.0)
     assert erred["true_max"] is None and erred["probes"][0][3] == "exit 1" and len(erred["probes"]) == 2
+
+
+def test_the_emulated_device_holds_a_sample_less_beside_state_its_own_size_made(bench: ModuleType) -> None:
+    cap = bench.CPU_CAP
+    assert bench.room(cap, []) == cap  # a fit's first step: no optimizer state yet
+    assert bench.room(cap, [cap]) == cap - 1  # its second: the state its first step made, at its size
+    assert bench.room(cap - 1, [cap]) == cap - 1  # made by a larger step
+    assert bench.room(cap, [2]) == cap  # state an earlier, smaller trial made splits nothing
+
+
+def test_unimem_rows_list_every_call_of_the_step_with_its_figures(bench: ModuleType) -> None:
+    def trial(size: int, fits: bool, reason: str) -> Any:
+        return SimpleNamespace(batch_size=size, fits=fits, peak=size * 10 if fits else None, peak_reserved=None,
+                               reason=reason)  # fmt: skip
+
+    search = SimpleNamespace(trials=(trial(8, True, "start"), trial(14, False, "close")),
+                             confirmations=(trial(13, True, "confirm"),))  # fmt: skip
+    assert bench._trials(search) == [
+        [8, True, 80, None, "start"],
+        [14, False, None, None, "close"],
+        [13, True, 130, None, "confirm"],  # a re-run after the search is a call the user waits for too
+    ]
