@@ -180,8 +180,8 @@ def find_batch_size(
         trainer: The ``transformers.Trainer``, not yet training.
         start: The first size tried; None (default): ``args.per_device_train_batch_size``.
         max_size: No size above it; None (default): no bound but one rank's share of the training data.
-        steps_per_trial: Training steps per size tried (default 2: the optimizer's state is allocated in the first,
-            and the second holds it beside the activations).
+        steps_per_trial: Optimizer steps per size tried (default 2: the optimizer's state is allocated in the
+            first, and the second holds it beside the activations).
         margin: The answer is at least ``(1 - margin)`` × the largest size that fits (default 0.05).
         max_trials: The most sizes tried (default 20).
         limit: Bytes (or ``"20GiB"``) a trial's peak may reach; None (default): the device's cap.
