@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 import unimem
-from unimem import api, registry
+from unimem import registry, snapshots
 from unimem.search import runner, state
 
 GiB = 1 << 30
@@ -319,5 +319,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Simulated:
     monkeypatch.setattr(jax.search, "predict_largest_buffer", predict_largest_buffer)
     monkeypatch.setattr(runner, "clock", lambda: current.device.clock if current.device else 0.0)
     monkeypatch.setattr(state, "gc", type("NoGc", (), {"collect": staticmethod(lambda: 0)}))
-    monkeypatch.setattr(api, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1))
+    monkeypatch.setattr(
+        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
+    )
     return current

@@ -192,9 +192,11 @@ def test_decorator_form_and_the_smallest_size_failing(real: tuple[str, dict[str,
 def a_simulated_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pure-Python steps below simulate a device's memory: the framework-free view shows one, so
     the search never holds them to this machine's host memory (test_search_host.py does that)."""
-    from unimem import api
+    from unimem import snapshots
 
-    monkeypatch.setattr(api, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1))
+    monkeypatch.setattr(
+        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
+    )
 
 
 class _Batch:

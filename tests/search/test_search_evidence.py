@@ -25,7 +25,7 @@ from conftest import REPO, subprocess_env
 from test_search_host import Host
 
 import unimem
-from unimem import api, registry
+from unimem import registry, snapshots
 from unimem.search import state
 from unimem.search.host_limit import GROWTH, SHARE
 
@@ -40,7 +40,9 @@ def no_collection(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _device(monkeypatch: pytest.MonkeyPatch) -> None:
     """A device the framework-free view shows: the step's figures are its own, not the host's."""
-    monkeypatch.setattr(api, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1))
+    monkeypatch.setattr(
+        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
+    )
 
 
 def _quietly(step: Any, **kwargs: Any) -> unimem.BatchSizeSearch:

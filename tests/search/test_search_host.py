@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import unimem
-from unimem import api, host_memory
+from unimem import host_memory, snapshots
 from unimem.search import host_limit as search_host
 from unimem.search.host_limit import HostPeaks, read_limit
 
@@ -59,7 +59,7 @@ class Host:
         monkeypatch.setattr(host_memory, "can_reset_peak", lambda: self.resettable)
         monkeypatch.setattr(host_memory, "reset_peak", self.reset)
         # A host without a GPU, whatever this machine has.
-        monkeypatch.setattr(api, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device))
+        monkeypatch.setattr(snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device))
 
     def reset(self) -> bool:
         if self.resettable:
@@ -134,7 +134,7 @@ def test_limit_or_measure_or_a_device_keep_the_host_out_of_it(monkeypatch: pytes
     assert found.limit == 256 * MiB and not any("host's memory" in n for n in found.notes)
     # A device the framework-free view knows: the host is not what bounds the step.
     monkeypatch.setattr(
-        api, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=GiB)
+        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=GiB)
     )
     blind = _search(host, _fits_up_to(300), start=8)
     assert blind.limit is None and any("doubling" in n for n in blind.notes), str(blind)

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import unimem
-from unimem import api, registry
+from unimem import registry, snapshots
 from unimem.search import runner, state
 from unimem.search.progress import Progress
 from unimem.search.rules import knee, saturation_note
@@ -33,7 +33,9 @@ MiB = 1 << 20
 @pytest.fixture(autouse=True)
 def simulated(monkeypatch: pytest.MonkeyPatch) -> None:
     """A device the framework-free view shows (so no host limit), and no collection per failure."""
-    monkeypatch.setattr(api, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1))
+    monkeypatch.setattr(
+        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
+    )
     monkeypatch.setattr(state, "gc", types.SimpleNamespace(collect=lambda: 0))
 
 

@@ -492,6 +492,8 @@ def test_a_capacity_read_again_is_agreed_over_ranks(monkeypatch: pytest.MonkeyPa
     import types
 
     from unimem.search import state
+    from unimem.search.framework import Framework
+    from unimem.search.limit import Limit
     from unimem.search.ranks import Ranks
 
     class Store:
@@ -511,11 +513,11 @@ def test_a_capacity_read_again_is_agreed_over_ranks(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(state, "take_snapshot", lambda run: None)
     monkeypatch.setattr(state, "capacity_of", lambda run, snapshot: capacities[run.ranks.rank])
     shared: dict[str, str] = {}
-    limits: dict[int, tuple[bool, int | None]] = {}
+    limits: dict[int, tuple[bool, Limit | None]] = {}
 
     def rank(r: int) -> None:
         settings = types.SimpleNamespace(limit=None, measure=None, device=0)
-        run = state.Run(settings, backend="jax", limit=9_000)  # type: ignore[arg-type]
+        run = state.Run(settings, framework=Framework("jax"), limit=Limit(9_000, "capacity"))  # type: ignore[arg-type]
         run.ranks = Ranks(Store(shared, r), "test store", 5.0, "t/")
         limits[r] = (state.reread_capacity(run), run.limit)
 
@@ -524,4 +526,4 @@ def test_a_capacity_read_again_is_agreed_over_ranks(monkeypatch: pytest.MonkeyPa
         thread.start()
     for thread in threads:
         thread.join()
-    assert limits == {0: (True, 6_000), 1: (True, 6_000)}
+    assert limits == {0: (True, Limit(6_000, "capacity")), 1: (True, Limit(6_000, "capacity"))}

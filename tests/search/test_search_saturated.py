@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 import unimem
-from unimem import api, registry
+from unimem import registry, snapshots
 from unimem.search import runner, state
 
 GiB = 1 << 30
@@ -87,7 +87,9 @@ def search(device: CappedMlp, monkeypatch: pytest.MonkeyPatch) -> unimem.BatchSi
         monkeypatch.setattr(adapter, name, getattr(device, name))
     monkeypatch.setattr(runner, "clock", lambda: device.clock)
     monkeypatch.setattr(state, "gc", types.SimpleNamespace(collect=lambda: 0))
-    monkeypatch.setattr(api, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1))
+    monkeypatch.setattr(
+        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", unimem.UnimemWarning)
         return unimem.find_batch_size(device.step, start=32, backend="jax", return_trials=True)

@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import unimem
-from unimem import api, registry
+from unimem import registry, snapshots
 from unimem.search import runner, state
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -191,7 +191,9 @@ def simulated(monkeypatch: pytest.MonkeyPatch) -> Current:
     monkeypatch.setattr(runner, "clock", lambda: current.device.clock if current.device else 0.0)
     monkeypatch.setattr(state, "gc", types.SimpleNamespace(collect=lambda: 0))
     # A device the framework-free view shows: a blind search is not held to this machine's host memory.
-    monkeypatch.setattr(api, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1))
+    monkeypatch.setattr(
+        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
+    )
     return current
 
 

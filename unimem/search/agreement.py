@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from unimem.errors import ConfigError
+from unimem.search.limit import Limit
 from unimem.search.ranks import Outcome, known, worst
 
 if TYPE_CHECKING:
@@ -20,7 +21,9 @@ def agree_open(run: Run) -> None:
     assert run.ranks is not None
     mine = run.settings.fingerprint()
     payload = {"kind": "start", "size": 0, "settings": mine}  # the arguments are compared below, by name
-    payload.update(limit=run.limit, baseline=run.baseline, running_peak=run.running_peak)
+    payload.update(
+        limit=None if run.limit is None else run.limit.bytes, baseline=run.baseline, running_peak=run.running_peak
+    )
     answers = run.ranks.exchange(payload)
     for rank, theirs in sorted(answers.items()):
         for name, value in theirs["settings"].items():
@@ -31,20 +34,20 @@ def agree_open(run: Run) -> None:
                     "every rank of a collective search must pass the same arguments",
                 )
     every = list(answers.values())
-    run.limit = worst([p["limit"] for p in every], min)
+    smallest = worst([p["limit"] for p in every], min)
+    run.limit = None if smallest is None or run.limit is None else Limit(smallest, run.limit.source)
     run.baseline = worst([p["baseline"] for p in every])
     run.running_peak = worst([p["running_peak"] for p in every])
 
 
 def agree(run: Run, kind: str, size: int, outcome: Outcome, elapsed: float) -> Outcome:
     """A call of the step as every rank saw it: it fit only where it fit on every rank, the figures
-    are the largest over ranks, the limit (read again after the call) the smallest. ``elapsed``:
-    the seconds this rank has searched; ``run.elapsed`` becomes the longest over ranks."""
+    are the largest over ranks. ``elapsed``: the seconds this rank has searched; ``run.elapsed``
+    becomes the longest over ranks. (The limit needs no agreeing here: every rank holds the one agreed
+    at the start, and each re-read of it is agreed as it is read.)"""
     if run.ranks is None:
         return outcome
-    answers = run.ranks.exchange(
-        {"kind": kind, "size": size, "limit": run.limit, "elapsed": elapsed, **outcome.__dict__}
-    )
+    answers = run.ranks.exchange({"kind": kind, "size": size, "elapsed": elapsed, **outcome.__dict__})
     every = [p for _, p in sorted(answers.items())]
     run.elapsed = max(p.get("elapsed", elapsed) for p in every)  # so that every rank stops at the same trial
     failed = [(rank, p["error"]) for rank, p in sorted(answers.items()) if p["error"] is not None]
@@ -53,7 +56,6 @@ def agree(run: Run, kind: str, size: int, outcome: Outcome, elapsed: float) -> O
         rank, text = failed[0]
         more = f" (and rank(s) {', '.join(str(r) for r, _ in failed[1:])})" if len(failed) > 1 else ""
         error = f"rank {rank}{more}: {text}"
-    run.limit = worst([p["limit"] for p in every], min)
     fits = error is None
     return Outcome(
         error,

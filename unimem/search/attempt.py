@@ -8,27 +8,15 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from unimem import registry
 from unimem.diagnose.guard import clear_frames, find_oom
 from unimem.diagnose.recognise import error_text
+from unimem.search.framework import step_error_note
 
 if TYPE_CHECKING:
-    from unimem.backends.base import Backend
+    from unimem.search.framework import Framework
     from unimem.search.ranks import Ranks
 
 __all__ = ["attempt", "mark", "tell_ranks"]
-
-
-def _step_error_note(adapter: Backend | None, exc: BaseException, after_oom: bool) -> str | None:
-    """What a framework says caused a step's own error: the search's framework first, then each
-    one imported (the step may run one whose figures the search does not read)."""
-    adapters: list[Backend] = [adapter] if adapter is not None else []
-    adapters += [registry.get_backend(name) for name in registry.imported_frameworks()]
-    for each in dict.fromkeys(adapters):
-        note = each.search.explain_step_error(exc, after_oom)
-        if note is not None:
-            return note
-    return None
 
 
 def _add_note(exc: BaseException, note: str) -> None:
@@ -60,7 +48,7 @@ def attempt(
     step: Callable[[int], Any],
     size: int,
     after_oom: bool,
-    adapter: Backend | None,
+    framework: Framework | None,
     over: Ranks | None = None,
     kind: str = "trial",
 ) -> tuple[str | None, BaseException | None]:
@@ -74,7 +62,7 @@ def attempt(
         oom = find_oom(exc)
         if oom is None:
             mark(exc, size, f"unimem.find_batch_size: the step raised this at batch size {size}")
-            note = _step_error_note(adapter, exc, after_oom)
+            note = step_error_note(framework, exc, after_oom)
             if note is not None:
                 _add_note(exc, note)  # the framework's own message may name no cause
             tell_ranks(over, kind, size, exc)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from unimem.search.host_limit import GROWTH as HOST_GROWTH
+from unimem.search.limit import bytes_of
 from unimem.search.rules import (
     closing,
     knee,
@@ -46,7 +47,7 @@ def _cautious(run: Run) -> bool:
     ran = [t.seconds for t in run.trials if t.fits]
     worst = max((t.seconds for t in run.trials if not t.fits), default=0.0)
     slow = bool(ran) and worst > max(_COSTLY * median(ran), _COSTLY_SECONDS)
-    return slow or (run.limit is not None and run.kept_total > 0.01 * run.limit)
+    return slow or (run.limit is not None and run.kept_total > 0.01 * run.limit.bytes)
 
 
 def choose(run: Run, convex: bool) -> tuple[int, str]:
@@ -66,7 +67,7 @@ def choose(run: Run, convex: bool) -> tuple[int, str]:
         # refuted the sure bound only as it stood against the room before; one above it is capped by it.
         if not last.fits and reread_capacity(run) and run.sure_refuted:
             run.sure_refuted = False
-        room = None if run.limit is None else (1 - run.settings.margin) * (run.limit - run.kept_total)
+        room = None if run.limit is None else (1 - run.settings.margin) * (run.limit.bytes - run.kept_total)
         took_it = last.peak is not None and room is not None and last.peak >= room
         if last.fits and last.batch_size == run.good and took_it:
             # The largest size that ran took about all the room left: the next is the size whose
@@ -76,7 +77,7 @@ def choose(run: Run, convex: bool) -> tuple[int, str]:
             return (size if high is None else min(size, high)), "close"
     # What failed trials kept for good is lost to every later trial (peaks measured after
     # it include it too: both err on the safe side).
-    usable = None if run.limit is None else run.limit - run.overhead - run.kept_total
+    usable = None if run.limit is None else run.limit.bytes - run.overhead - run.kept_total
     refuted = run.line_refuted_at is not None and len(run.points) <= run.line_refuted_at
     run.last_predicted = None if refuted else predict(run.model, usable)
     run.last_safe = None if run.sure_refuted else safe_size(run.points + run.bounded, run.baseline, usable)
@@ -94,7 +95,7 @@ def choose(run: Run, convex: bool) -> tuple[int, str]:
         run.last_safe,
         flat=plateau_ratio(run.points),
         convex=convex,
-        saturated=run.bad is None and knee(run.points, run.limit) is not None,
+        saturated=run.bad is None and knee(run.points, bytes_of(run.limit)) is not None,
         streak=next((i for i, t in enumerate(reversed(run.trials)) if t.reason != "saturated"), len(run.trials)),
         refit=run.bad is not None and last.fits,
         jumped=last.fits and last.reason == "safe-jump",
@@ -113,11 +114,11 @@ def choose(run: Run, convex: bool) -> tuple[int, str]:
 
 
 def _climb(run: Run) -> dict[str, int]:
-    """For a framework that saves memory to fit (``adapter.search.rematerializes``; any, read through
+    """For a framework that saves memory to fit (``Framework.rematerializes``; any, read through
     ``measure=``): how many sizes in a row ran above the largest whose peak was read (their peak read
     no higher: None, below the process's peak so far), and that size."""
     top = max(run.points, default=None)
-    if top is None or (run.adapter is not None and not run.adapter.search.rematerializes):
+    if top is None or (run.framework.name is not None and not run.framework.rematerializes):
         return {"climb": 0, "peaked": 0}
     climb = 0
     for trial in reversed(run.trials):
@@ -180,9 +181,9 @@ def _grows_in_regions(run: Run) -> bool:
     """Whether the framework's pool grew on demand in regions that its calls keep when the search
     began (JAX with growth on: ``search_room_after_region`` answered), with figures of its own (no
     ``limit=``, ``measure=``)."""
-    if run.adapter is None or run.before is None or run.settings.limit is not None or run.settings.measure is not None:
+    if run.settings.limit is not None or run.settings.measure is not None:
         return False
-    return run.adapter.search.search_room_after_region(run.before) is not None
+    return run.framework.room_after_region(run.before) is not None
 
 
 def _read_room(run: Run) -> None:
@@ -194,12 +195,12 @@ def _read_room(run: Run) -> None:
     assert scale is not None
     reread_capacity(run)
     snapshot = take_snapshot(run) if run.settings.measure is None else None
-    after = None if snapshot is None or run.adapter is None else run.adapter.search.search_room_after_region(snapshot)
+    after = run.framework.room_after_region(snapshot)
     if run.ranks is not None:
         answers = run.ranks.exchange({"kind": "room", "size": run.good, "room_after": after})
         after = min((p["room_after"] for p in answers.values() if p["room_after"] is not None), default=None)
     scale.room_after = after
-    share, limit = scale.remat_share, run.limit
+    share, limit = scale.remat_share, bytes_of(run.limit)
     scale.remat_limit = None if share is None or limit is None or run.settings.limit is not None else int(share * limit)
 
 

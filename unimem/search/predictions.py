@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from unimem import registry
 from unimem.diagnose.guard import clear_frames, find_oom
 from unimem.errors import ConfigError
 from unimem.search.attempt import mark, tell_ranks
 from unimem.search.compile import size_all
+from unimem.search.framework import size_lowered
 from unimem.search.ranks import known, worst
 from unimem.search.scale import OVER, Scale
 from unimem.search.state import Run
@@ -71,22 +71,18 @@ def _given(lowered: object) -> Figures | None:
 def _size_lowered(run: Run, lowered: Any) -> Figures | None:
     """The predicted peak, largest single buffer and rematerialization of what ``lower(n)``
     returned (``_given``); else the search's framework sizes it, then each one imported
-    (``adapter.search.predict_peak``, ``predict_largest_buffer``, ``predict_rematerialized``)."""
+    (``framework.size_lowered``)."""
     given = _given(lowered)
     if given is not None:
         return given
-    adapters = [run.adapter] if run.adapter is not None else []
-    adapters += [registry.get_backend(name) for name in registry.imported_frameworks()]
-    for adapter in dict.fromkeys(adapters):
-        search = adapter.search
-        value = search.predict_peak(lowered)
-        if value is not None:
-            if run.scale is not None:
-                run.scale.width = _COMPILE_WIDTH if search.predicts_concurrently else 1
-                run.scale.remat_share = search.remat_share
-                run.scale.rising = True  # a compiled program's figures: XLA's bytes per sample rise and level off
-            return value, search.predict_largest_buffer(lowered), search.predict_rematerialized(lowered)
-    return None
+    sized = size_lowered(run.framework, lowered)
+    if sized is None:
+        return None
+    if run.scale is not None:
+        run.scale.width = _COMPILE_WIDTH if sized.concurrent else 1
+        run.scale.remat_share = sized.remat_share
+        run.scale.rising = True  # a compiled program's figures: XLA's bytes per sample rise and level off
+    return sized.peak, sized.largest, sized.rematerialized
 
 
 def _predictor(run: Run) -> Callable[[list[int]], list[Figures | None]]:
@@ -154,7 +150,7 @@ def first_size(run: Run) -> int:
     while (
         size > 1
         and predicted is not None
-        and ((run.limit is not None and predicted > run.limit) or size in run.scale.remat)
+        and ((run.limit is not None and predicted > run.limit.bytes) or size in run.scale.remat)
     ):
         size //= 2
         predicted = run.scale.peak(size)

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from unimem import ranks, registry
+from unimem import ranks
 from unimem.errors import ClusterError
+from unimem.search.framework import distributed_store
 
 if TYPE_CHECKING:
     from unimem.backends.base import KeyValueStore
@@ -114,10 +115,10 @@ def connect(collective: bool | None, timeout: float) -> Ranks | None:
     None for a single process, or with ``collective=False``."""
     if collective is False:
         return None
-    for name in registry.imported_frameworks():
-        store = registry.get_backend(name).distributed.distributed_store()
-        if store is not None and store.world_size > 1:
-            return Ranks(store, f"{name} runtime", timeout, f"unimem/find_batch_size/{next(_searches)}/")
+    found = distributed_store()
+    if found is not None:
+        name, store = found
+        return Ranks(store, f"{name} runtime", timeout, f"unimem/find_batch_size/{next(_searches)}/")
     missing_runtime = ranks.runtime_missing(
         "find_batch_size" if collective is None else "find_batch_size(collective=True)"
     )

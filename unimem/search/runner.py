@@ -11,24 +11,24 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from unimem import registry
 from unimem.diagnose.guard import find_oom
 from unimem.errors import ConfigError, OutOfMemory, SearchError, UnimemWarning
 from unimem.search.agreement import agree, agree_open
 from unimem.search.attempt import attempt, tell_ranks
+from unimem.search.framework import Framework, resolve, trial_context
 from unimem.search.leak import Reading, growth, leak_text
+from unimem.search.limit import Limit, bytes_of, passed
 from unimem.search.policy import call_budget, choose, is_converged
 from unimem.search.predictions import first_size, new_scale, predicted_peak, prediction_notes
 from unimem.search.progress import Progress, interrupted
 from unimem.search.ranks import Outcome, Ranks, connect
 from unimem.search.result import BatchSizeSearch, Trial
-from unimem.search.rules import SATURATION_CAUSE, fit, flat_past, saturation_note
+from unimem.search.rules import fit, flat_past, saturation_note
 from unimem.search.settings import Settings, aimed
 from unimem.search.state import (
     Run,
     capacity_of,
     check_peaks,
-    framework,
     hold_to_host,
     measured_by,
     read_kept,
@@ -53,13 +53,15 @@ def _open(settings: Settings, step: object, over: Ranks | None = None) -> Run:
     ``ConfigError`` here, before any trial."""
     shown = settings.progress if over is None or over.rank == 0 else False
     run = Run(settings, progress=Progress(shown), ranks=over, began=clock())
-    run.use(framework(settings, step))
+    run.framework = Framework.named(resolve(settings, step), settings.device)
     if settings.lower is not None:
         run.scale = new_scale(run)
-    if run.backend is not None:
+    if run.framework.name is not None:
         release(run)
     run.before = take_snapshot(run)
-    run.limit = settings.limit if settings.limit is not None else capacity_of(run, run.before)
+    run.limit = (
+        Limit(settings.limit, "limit=") if settings.limit is not None else _capacity(capacity_of(run, run.before))
+    )
     if run.scale is not None:
         run.scale.room = room_of(run, run.before)
     run.measured_by = measured_by(run)
@@ -83,18 +85,17 @@ def _call(step: Callable[[int], Any], run: Run, size: int, kind: str) -> tuple[O
     read after it and held to the limit, released (outside the except block: the frames are gone),
     and agreed over ranks. Returns the outcome and, for a final report, the out-of-memory error."""
     in_use = None
-    if run.settings.measure is None and run.adapter is not None:
-        run.adapter.reset_peak(run.device)
-        in_use = run.adapter.stats(run.device, nvml=False).allocated
+    if run.settings.measure is None:
+        in_use = run.framework.restart_peak()
     if run.host_peaks is not None:
         run.host_peaks.begin()
     t0 = clock()
     run.calls += 1
-    error, oom = attempt(step, size, run.bad is not None, run.adapter, run.ranks, kind)
+    error, oom = attempt(step, size, run.bad is not None, run.framework, run.ranks, kind)
     seconds = clock() - t0
     peak, peak_reserved, overhead = _read_peak(run, size, kind) if error is None else (None, None, None)
     if kind == "trial" or run.settings.measure is not None:  # a re-run's own figures: not held, read only
-        error = error or _past_limit(run, peak)
+        error = error or passed(run.limit, peak, run.measured_by)
     release(run, failed=error is not None)
     kept = read_kept(run, in_use) if error is not None else None
     outcome = Outcome(error, seconds, peak, peak_reserved, kept, overhead, in_use)
@@ -116,7 +117,7 @@ def _trial(step: Callable[[int], Any], run: Run, size: int, reason: str) -> None
     error, peak = agreed.error, agreed.peak
     if agreed.overhead is not None and size > run.good:
         run.overhead = agreed.overhead  # the pool's overhead at the largest trial that fit
-    if error is not None and run.adapter is not None and run.adapter.failed_step_keeps_outputs:
+    if error is not None and run.framework.keeps_failed_outputs:
         # Lost for good. Elsewhere what stays is the step's own state (gradients a failed
         # backward set), which the next step reuses.
         run.kept_total += agreed.kept or 0
@@ -139,18 +140,8 @@ def _read_peak(run: Run, size: int, kind: str = "trial") -> tuple[int | None, in
         raise
 
 
-def _past_limit(run: Run, peak: int | None) -> str | None:
-    """Why a call that ran does not fit all the same: its peak passed ``limit=`` or the host's limit,
-    whatever measured it. The step ran only because nothing enforces the limit, and an answer
-    whose own peak is over it is no answer. None: within it, or no limit of the user's or the host's."""
-    if peak is None or run.limit is None or peak <= run.limit:
-        return None
-    if run.host is not None:
-        # Past what the host can spare: a larger size could make the kernel kill the process.
-        return f"its resident peak {format_bytes(peak)} passed the host limit {format_bytes(run.limit)}"
-    if run.settings.limit is None:
-        return None  # the framework's own cap: what ran fit under it
-    return f"its peak {format_bytes(peak)} ({run.measured_by}) passed limit={format_bytes(run.limit)}"
+def _capacity(capacity: int | None) -> Limit | None:
+    return None if capacity is None else Limit(capacity, "capacity")
 
 
 def _nothing_fits(run: Run) -> OutOfMemory:
@@ -162,22 +153,21 @@ def _nothing_fits(run: Run) -> OutOfMemory:
     oom = find_oom(run.last_oom) or run.last_oom
     from unimem.diagnose.report import build_report
 
-    report = build_report(oom, backend=run.backend, device=run.device, batch_size=1)
+    report = build_report(oom, backend=run.framework.name, device=run.device, batch_size=1)
     return OutOfMemory(f"even batch size 1 does not fit.\n{report}", report)
 
 
 def _quiet(step: Callable[[int], Any], model: Any) -> Callable[[int], Any]:
-    """``step`` run inside the context the model's framework gives each trial (``adapter.search.trial_context``),
+    """``step`` run inside the context the model's framework gives each trial (``framework.trial_context``),
     in which the model makes no collective of its own."""
-    for name in registry.imported_frameworks():
-        enter = registry.get_backend(name).search.trial_context(model)
-        if enter is not None:
+    enter = trial_context(model)
+    if enter is not None:
 
-            def quiet(size: int, enter: Callable[[], contextlib.AbstractContextManager[None]] = enter) -> Any:
-                with enter():
-                    return step(size)
+        def quiet(size: int, enter: Callable[[], contextlib.AbstractContextManager[None]] = enter) -> Any:
+            with enter():
+                return step(size)
 
-            return quiet
+        return quiet
     raise ConfigError(
         "model",
         f"expected the module the step trains (its data-parallel wrapper, of a framework in use), got "
@@ -217,14 +207,15 @@ def _refuse_flat(run: Run, size: int) -> None:
     """A ``SearchError`` before a size that cannot fit at a byte a sample while the peaks grew less
     than that (``rules.flat_past``): they do not see the step's memory, and a size placed on them
     would grow until the calls ran out, far past what anything can allocate."""
-    flat = flat_past(run.points + run.bounded, run.limit, size)
-    if flat is None or run.limit is None:
+    limit = bytes_of(run.limit)
+    flat = flat_past(run.points + run.bounded, limit, size)
+    if flat is None or limit is None:
         return
     (n1, p1), (n2, p2) = flat
     raise SearchError(
         f"find_batch_size: the peaks did not grow with the batch size: from {n1} to {n2} they rose "
         f"{format_bytes(max(0, p2 - p1))} ({run.measured_by}), less than a byte a sample, and the next size, "
-        f"{size}, could not fit under the limit {format_bytes(run.limit)} even at a byte a sample ({len(run.trials)} "
+        f"{size}, could not fit under the limit {format_bytes(limit)} even at a byte a sample ({len(run.trials)} "
         f"trials, {run.trials[0].batch_size} to {n2}). The figures read do not see the step's memory, or it does "
         "not depend on the batch size: pass measure= returning the step's peak bytes (with limit=), or max_size= "
         "to bound the answer"
@@ -282,7 +273,7 @@ def _finish(step: Callable[[int], Any], run: Run, converged: bool, began: float)
         smallest_failure=run.bad,
         converged=converged,
         margin=settings.margin,
-        limit=run.limit,
+        limit=bytes_of(run.limit),
         model=run.model,
         baseline=run.baseline,
         measured_by=run.measured_by,
@@ -307,7 +298,7 @@ def _conclude(
 ) -> tuple[int, tuple[Trial, ...], bool | None, list[str], str | None]:
     """After the search: the answer re-run or not (see ``_confirm``), the notes on what the peaks
     and the failed trials showed, and the one of them to warn with (None: none)."""
-    good, limit, kept_total = run.good, run.limit, run.kept_total
+    good, limit, kept_total = run.good, bytes_of(run.limit), run.kept_total
     cause = _saturation_cause(run)
     saturated = None if cause is None else saturation_note(run.points, limit, good, cause)
     notes = [note for note in (saturated, _kept_note(run)) if note]
@@ -366,7 +357,7 @@ def _leaked(run: Run, confirmations: tuple[Trial, ...]) -> int | None:
         return None
     again = run.readings[len(run.trials)]  # the re-check's: the readings of the re-runs follow the trials'
     ran = [r for r in run.readings[: len(run.trials)] if r.size == again.size and r.fits]
-    return None if not ran else growth(ran[-1], again, run.limit)
+    return None if not ran else growth(ran[-1], again, bytes_of(run.limit))
 
 
 def _why_not_again(run: Run) -> str:
@@ -380,10 +371,7 @@ def _why_not_again(run: Run) -> str:
 def _saturation_cause(run: Run) -> str | None:
     """How the framework searched saves memory near its limit, in its own words; the neutral words
     where no framework's figures are read; None for a framework that never does (no note then)."""
-    adapter = run.adapter
-    if adapter is None:
-        return SATURATION_CAUSE
-    return adapter.search.saturation_cause if adapter.search.rematerializes else None
+    return run.framework.saturation_cause
 
 
 def _failed_after(run: Run) -> bool:
@@ -396,12 +384,13 @@ def _kept_note(run: Run) -> str | None:
     """What the failed trials left in use, when it is worth saying (over 1% of the limit)."""
     failed = [t for t in run.trials if t.kept]
     total = sum(t.kept or 0 for t in failed)
-    if not failed or run.adapter is None or (run.limit and total < 0.01 * run.limit):
+    note = run.framework.kept_outputs_note
+    if not failed or note is None or (run.limit and total < 0.01 * run.limit.bytes):
         return None
     return (
         f"{format_bytes(total)} stayed in use after {len(failed)} failed trial(s) "
         f"({', '.join(f'{t.batch_size}: {format_bytes(t.kept or 0)}' for t in failed)}): "
-        f"{run.adapter.search.kept_outputs_note}"
+        f"{note}"
     )
 
 
@@ -415,10 +404,8 @@ def _rerun(step: Callable[[int], Any], run: Run, size: int, reason: str) -> Tria
 
 def _settling(run: Run) -> contextlib.AbstractContextManager[None]:
     """Where the framework has a better moment to release the pool during the settle call
-    than before it (``adapter.search.settle``), the context that does so."""
-    if run.adapter is None:
-        return contextlib.nullcontext()
-    return run.adapter.search.settle(lambda: release(run))
+    than before it (``Framework.settling``), the context that does so."""
+    return run.framework.settling(lambda: release(run))
 
 
 def _confirm(step: Callable[[int], Any], run: Run) -> tuple[int, tuple[Trial, ...], bool | None]:
@@ -426,7 +413,7 @@ def _confirm(step: Callable[[int], Any], run: Run) -> tuple[int, tuple[Trial, ..
     on the pool's history (cached segments split by the failed step; a pool after an OOM),
     and the caller will run it next. If it fails, one step down by the margin; after one
     that runs, a call at ``start`` ("settle") where the framework asks for one
-    (``adapter.search.settle_call``). Every call counts against ``max_trials``.
+    (``Framework.settle_call``). Every call counts against ``max_trials``.
     Returns the answer, the re-runs, and whether one ran (None: not needed, or no call left)."""
     settings, good = run.settings, run.good
     if not settings.confirm or run.out_of_time or not _failed_after(run):
@@ -438,12 +425,7 @@ def _confirm(step: Callable[[int], Any], run: Run) -> tuple[int, tuple[Trial, ..
             break
         done.append(_rerun(step, run, size, "confirm"))
         if done[-1].fits:
-            if (
-                settings.start < size
-                and run.calls < settings.max_trials
-                and run.adapter
-                and run.adapter.search.settle_call
-            ):
+            if settings.start < size and run.calls < settings.max_trials and run.framework.settle_call:
                 # What the step keeps between calls (gradients set to None at the next step's
                 # start) was allocated inside the answer's large segments, which it now pins:
                 # one call at ``start``, with the pool released where the framework says

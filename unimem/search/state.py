@@ -5,15 +5,16 @@ bounds the trials set on the answer."""
 from __future__ import annotations
 
 import gc
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from unimem import api, ranks, registry
-from unimem.errors import ConfigError, UnimemWarning
+from unimem import ranks
+from unimem.errors import ConfigError
 from unimem.memory_stats import MemoryStats
+from unimem.search.framework import Framework, framework_free_view
 from unimem.search.host_limit import HostLimit, HostPeaks, read_limit
 from unimem.search.leak import Reading
+from unimem.search.limit import Limit, bytes_of
 from unimem.search.progress import Progress
 from unimem.search.result import Trial
 from unimem.search.rules import line_bound
@@ -22,14 +23,12 @@ from unimem.search.settings import Settings, measured
 from unimem.sizes import format_bytes
 
 if TYPE_CHECKING:
-    from unimem.backends.base import Backend
     from unimem.search.ranks import Ranks
 
 __all__ = [
     "Run",
     "check_peaks",
     "capacity_of",
-    "framework",
     "hold_to_host",
     "measured_by",
     "read_kept",
@@ -43,21 +42,14 @@ __all__ = [
     "upper_bound",
 ]
 
-# The fit uses the peak bytes in use (smooth in the batch size). torch's cap bounds the
-# bytes its caching allocator reserves, which at small batches move in 2 and 20 MiB
-# segments: the prediction holds the peak in use against the cap less the pool's
-# overhead (peak reserved - peak in use) seen at the largest trial that fit.
-_PEAK_FIELD = "peak_allocated"
-
 
 @dataclass
 class Run:
     """What one search knows so far; the trial runner and the conclusion update it."""
 
     settings: Settings
-    backend: str | None = None  # the framework whose figures are read; None: none in use
-    adapter: Backend | None = None  # its adapter, asked what the search does differently for it
-    limit: int | None = None  # bytes a trial's peak may reach
+    framework: Framework = field(default_factory=lambda: Framework(None))  # whose figures are read
+    limit: Limit | None = None  # bytes a trial's peak may reach, and where that figure came from
     measured_by: str = ""
     baseline: int | None = None  # bytes in use before the search, which every peak includes
     before: MemoryStats | None = None
@@ -101,57 +93,22 @@ class Run:
     def device(self) -> int:
         return self.settings.device
 
-    def use(self, backend: str | None) -> None:
-        """Read ``backend``'s figures from now on (None: no framework's)."""
-        self.backend = backend
-        self.adapter = None if backend is None else registry.get_backend(backend)
-
-
-def framework(settings: Settings, step: object = None) -> str | None:
-    """The framework whose figures to read: the one named (None for ``"nvml"``, the framework-free
-    view: figures from ``measure=`` or the host), else that of ``model=`` or of the step where either
-    is a framework object (a torch Module, a Keras layer, a bound method of one), else the one an
-    action means (``registry.resolve``): none configured or imported, or several, is a
-    ``ConfigError`` listing the candidates, before any trial."""
-    if settings.backend is not None:
-        return settings.backend if registry.is_framework(settings.backend) else None
-    for obj in (settings.model, step):
-        owner = registry.framework_of_object(obj)
-        if owner is not None:
-            return owner
-    try:
-        return registry.resolve(None, "action")
-    except ConfigError as exc:
-        if registry.imported_frameworks() or registry.configured():
-            raise  # several in use: unimem never guesses
-        raise ConfigError(
-            "backend",
-            f"{exc}; or backend='nvml' for a step that uses no framework (its peaks then come from measure=, "
-            "else on a host without a GPU from the host's memory)",
-        ) from None
-
 
 def take_snapshot(run: Run) -> MemoryStats | None:
     """What ``stats()`` says of the framework whose figures are read (None: none in use)."""
-    return None if run.adapter is None else api.adapter_stats(run.adapter, run.device)
+    return run.framework.snapshot()
 
 
 def capacity_of(run: Run, snapshot: MemoryStats | None) -> int | None:
     """Bytes the measured peak may reach, as the framework reads its snapshot (its cap by
     default). With predictions and a largest buffer the allocator can hand out, the cap: the
     pool's pieces are then held against each size's largest buffer (``Scale.room``)."""
-    if snapshot is None or run.adapter is None:
-        return None
-    if run.scale is not None and run.scale.largest and run.adapter.search.search_largest_buffer(snapshot) is not None:
-        return snapshot.limit
-    return run.adapter.search.search_capacity(snapshot)
+    return run.framework.capacity(snapshot, run.scale is not None and bool(run.scale.largest))
 
 
 def room_of(run: Run, snapshot: MemoryStats | None) -> int | None:
     """The largest buffer the allocator can hand out now (figures from the framework only)."""
-    if snapshot is None or run.adapter is None or run.settings.measure is not None:
-        return None
-    return run.adapter.search.search_largest_buffer(snapshot)
+    return None if run.settings.measure is not None else run.framework.largest_buffer(snapshot)
 
 
 def measured_by(run: Run) -> str:
@@ -159,14 +116,14 @@ def measured_by(run: Run) -> str:
         return "measure="
     if run.host is not None:
         return "the process's resident peak (host memory)"
-    if run.backend is not None:
-        return f"stats({run.backend!r}).{_PEAK_FIELD}"
+    if run.framework.name is not None:
+        return run.framework.measured_by
     return "nothing (no framework in use, no measure=)"
 
 
 def _no_device_figures(run: Run) -> bool:
     """Whether neither the framework nor the framework-free view knows a device: a host without a GPU."""
-    view = run.before if run.before is not None else api.framework_free_stats(run.device)
+    view = run.before if run.before is not None else framework_free_view(run.device)
     return view.device_total is None and view.peak_allocated is None and view.limit is None
 
 
@@ -194,7 +151,7 @@ def hold_to_host(run: Run) -> None:
             "(the interpreter and libraries count); pass a limit above it, or measure= with the step's own peak",
         )
     run.host, run.host_peaks = held, HostPeaks()
-    run.limit = held.limit if settings.limit is None else min(settings.limit, held.limit)
+    run.limit = Limit(held.limit if settings.limit is None else min(settings.limit, held.limit), "host")
     run.measured_by = measured_by(run)
     run.baseline = held.resident if settings.baseline is None else settings.baseline
     run.running_peak = run.host_peaks.so_far()
@@ -210,7 +167,8 @@ def check_peaks(run: Run) -> None:
         return
     if run.before is not None and run.before.peak_allocated is not None:
         return
-    where = "no framework is in use" if run.backend is None else f"stats({run.backend!r}) reads no peak here"
+    name = run.framework.name
+    where = "no framework is in use" if name is None else f"stats({name!r}) reads no peak here"
     raise ConfigError(
         "limit",
         f"a limit needs each trial's peak memory: {where}, and this host's memory figures cannot be read; "
@@ -223,19 +181,19 @@ def reread_capacity(run: Run) -> bool:
     framework), and the largest buffer its allocator can hand out (with predictions):
     compilations and runs grow a pool taken on demand. Over ranks, the smallest any rank knows,
     so that every rank places the same size. True when either changed."""
-    ours = run.settings.limit is None
-    if run.settings.measure is not None or run.backend is None or not (ours or run.scale is not None):
+    ours = run.limit is None or run.limit.source == "capacity"
+    if run.settings.measure is not None or run.framework.name is None or not (ours or run.scale is not None):
         return False
     snapshot = take_snapshot(run)
-    capacity = capacity_of(run, snapshot) if ours else run.limit
+    capacity = capacity_of(run, snapshot) if ours else bytes_of(run.limit)
     room = None if run.scale is None else room_of(run, snapshot)
     if run.ranks is not None:
         answers = run.ranks.exchange({"kind": "capacity", "size": run.good, "limit": capacity, "room": room})
         capacity = min((p["limit"] for p in answers.values() if p["limit"] is not None), default=None)
         room = min((p["room"] for p in answers.values() if p["room"] is not None), default=None)
-    changed = ours and capacity is not None and capacity != run.limit
-    if changed:
-        run.limit = capacity
+    changed = False
+    if ours and capacity is not None and capacity != bytes_of(run.limit):
+        run.limit, changed = Limit(capacity, "capacity"), True
     if run.scale is not None and room != run.scale.room:
         run.scale.room = room
         changed = True
@@ -246,14 +204,7 @@ def release(run: Run, *, failed: bool = False, final: bool = False) -> None:
     """Give back what the last trial left, outside any ``except`` block."""
     if failed or final:
         gc.collect()  # a failed step's objects may sit in reference cycles
-    if run.adapter is None:
-        return
-    if run.adapter.search.release_every_trial or final:
-        # Every trial where that is cheap, so the next peak is measured from a clean pool;
-        # elsewhere at the end only (clearing may drop compiled steps, or cannot free).
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UnimemWarning)
-            run.adapter.clear_cache(run.device)
+    run.framework.release(final)
 
 
 def read_peak(run: Run) -> tuple[int | None, int | None, int | None]:
@@ -262,21 +213,14 @@ def read_peak(run: Run) -> tuple[int | None, int | None, int | None]:
         return measured(run.settings.measure()), None, None
     if run.host_peaks is not None:
         return run.host_peaks.read(), None, None
-    if run.backend is None or run.adapter is None:
-        return None, None, None
-    figures = run.adapter.stats(run.device, nvml=False)
-    peak, peak_reserved = figures.peak_allocated, figures.peak_reserved
-    overhead = None
-    if peak is not None and peak_reserved is not None:
-        overhead = run.adapter.search.pool_overhead(peak, peak_reserved)
-    return peak, peak_reserved, overhead
+    return run.framework.peak()
 
 
 def read_kept(run: Run, in_use: int | None) -> int | None:
     """Bytes still in use after a failed trial was released, above those in use before it."""
-    if in_use is None or run.adapter is None:
+    if in_use is None:
         return None
-    now = run.adapter.stats(run.device, nvml=False).allocated
+    now = run.framework.in_use()
     return None if now is None else max(0, now - in_use)
 
 
@@ -313,7 +257,7 @@ def record(run: Run, size: int, fits: bool, peak: int | None) -> None:
 
 def scale_limit(run: Run) -> int | None:
     """The limit the predicted peaks are held against (the pool's own overhead apart)."""
-    return None if run.limit is None else run.limit - run.overhead
+    return None if run.limit is None else run.limit.bytes - run.overhead
 
 
 def upper_bound(run: Run) -> int | None:
@@ -330,10 +274,9 @@ def _line_bound(run: Run) -> int | None:
     """Where a framework that never trades compute for memory (``adapter.search.rematerializes``) holds
     a step whose peaks grow at least linearly, the sizes above the largest measured one that the
     limit leaves room for: none past ``line_bound``. None unless a sure bound still stands."""
-    adapter = run.adapter
-    if adapter is None or adapter.search.rematerializes or run.limit is None or run.sure_refuted:
+    if run.framework.name is None or run.framework.rematerializes or run.limit is None or run.sure_refuted:
         return None
     # What failed trials kept since the largest point ran is lost to every size above it.
     largest = max(run.points, default=None)
     kept = 0 if largest is None else run.kept_total - run.point_kept.get(largest[0], run.kept_total)
-    return line_bound(run.points, run.limit - run.overhead - kept, run.baseline)
+    return line_bound(run.points, run.limit.bytes - run.overhead - kept, run.baseline)
