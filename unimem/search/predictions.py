@@ -1,9 +1,12 @@
 """A batch search with ``lower=``: each size's peak predicted from the compiled step, before it
-runs (what the runs say about the predictions: ``unimem.search.scale``; compiling several sizes
-at once: ``unimem.search.compile``)."""
+runs, and the sizes placed by those predictions while they hold (what the runs say about the
+predictions: ``unimem.search.scale``; compiling several sizes at once: ``unimem.search.compile``).
+The scale's fields are written here and by the scale itself; its room is read with the capacity
+(``state.reread_capacity``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -11,12 +14,16 @@ from unimem.diagnose.guard import clear_frames, find_oom
 from unimem.errors import ConfigError
 from unimem.search.attempt import mark, tell_ranks
 from unimem.search.compile import size_all
+from unimem.search.findings import failures_costly
 from unimem.search.framework import size_lowered
+from unimem.search.host_limit import GROWTH as HOST_GROWTH
+from unimem.search.limit import bytes_of
 from unimem.search.ranks import known, worst
+from unimem.search.rules import closing
 from unimem.search.scale import OVER, Scale
-from unimem.search.state import Run
+from unimem.search.state import Run, reread_capacity, scale_limit, take_snapshot, upper_bound
 
-__all__ = ["first_size", "new_scale", "predicted_peak", "prediction_notes"]
+__all__ = ["first_size", "new_scale", "place", "predicted_peak", "prediction_notes", "read_room"]
 
 # Compilations of ``lower(n)`` allowed per call of the step the search may make (``max_trials``).
 _COMPILES_PER_TRIAL = 2
@@ -24,12 +31,20 @@ _COMPILES_PER_TRIAL = 2
 # from the pool: a placed size and the one a margin under it (two took 1.3 times one compilation's
 # time on an H200).
 _COMPILE_WIDTH = 2
+# Compilations of ``lower(n)`` allowed per size placed: on a GPU each costs seconds (a large step's
+# tens of seconds), and from the start XLA's answer takes at most four (docs/explanation/batch-search.md);
+# figures ``lower`` gives itself may bend any way, and get the six a bend takes.
+_COMPILES_PER_PLACEMENT = 4
+_COMPILES_PER_PLACEMENT_GIVEN = 6
 
 
-def new_scale(run: Run) -> Scale:
-    """The predicted scale of a search with ``lower=``, sizes compiled through ``lower``."""
+def new_scale(run: Run, room: int | None, held: int | None) -> Scale:
+    """The predicted scale of a search with ``lower=``, sizes compiled through ``lower``: ``room``, the
+    largest buffer the allocator could hand out when the search began, ``held`` the bytes in use then."""
     many = _predictor(run)
-    return Scale(lambda n: many([n])[0], _COMPILES_PER_TRIAL * run.settings.max_trials, many)
+    scale = Scale(lambda n: many([n])[0], _COMPILES_PER_TRIAL * run.settings.max_trials, many)
+    scale.room, scale.held = room, held
+    return scale
 
 
 def _whole(value: object) -> bool:
@@ -183,3 +198,79 @@ def prediction_notes(run: Run) -> list[str]:
                 f"from about batch size {onset} (the predicted peak past {scale.remat_share:.0%} of the pool's limit)"
             )
     return notes
+
+
+def place(run: Run) -> tuple[int, str] | None:
+    """With predictions: the largest size predicted under the limit; after the first failure,
+    the smallest size that ends the search if it fits (the capacity lies under the limit, most
+    often a little); after more, one predicted halfway (a third of the way when failures are
+    costly) from the largest run that fit to the ceiling the failures set. None: they cannot place it."""
+    scale, margin, found = run.scale, run.settings.margin, run.findings
+    assert scale is not None
+    read_room(run)  # the last run (and the compilations before it) may have grown the pool
+    scale.after_round = lambda: read_room(run)
+    below = _below_the_failure(run, scale)
+    if below is not None:
+        return below, "predicted-below"
+    costly = failures_costly(found, bytes_of(run.limit))
+    share = 1.0 if not scale.fails else 1 / 3 if costly else 0.5
+    allowed = scale.allowed(scale_limit(run), found.kept_total, share)
+    if allowed is None:
+        scale.distrust = "no limit to hold the predicted peaks against"
+        return None
+    # On the host, no size more than ``HOST_GROWTH`` times the largest that ran, as in a measured search:
+    # a size that does not fit kills the process, and each size costs the CPU in proportion.
+    grown = HOST_GROWTH * found.good if run.start.host is not None else None
+    bounds = [x for x in (None if found.bad is None else found.bad - 1, run.settings.max_size, grown) if x is not None]
+    # At the ceiling the largest size is wanted to within the margin; a split needs only its region
+    # (each compilation of a large step costs seconds on a GPU).
+    most = (_COMPILES_PER_PLACEMENT if scale.rising else _COMPILES_PER_PLACEMENT_GIVEN) if share == 1 else 1
+    first = allowed
+
+    def now() -> int:  # a compilation may have taken from the pool (``read_room`` after each)
+        again = scale.allowed(scale_limit(run), found.kept_total, share)
+        return first if again is None else min(first, again)
+
+    located = scale.locate(now, found.good, min(bounds) if bounds else None, margin, most)
+    high = upper_bound(run)  # the compilations just made may bound it
+    close = closing(found.good, margin)
+    if located is None or located < close:
+        # Less than a margin to gain at the target: the smallest size that ends the search
+        # either way, where it may still fit (compiled first: predicted past the limit, it
+        # ends the search without a run).
+        if high is None or close > high or scale.peak(close) is None:
+            return None
+        return close, "close"
+    # The size compiled, and placed a little under its lines' crossing already: any other would cost
+    # the step a compilation of its own (seconds to minutes on a GPU).
+    return located, "predicted-split" if share < 1 else "predicted"
+
+
+def _below_the_failure(run: Run, scale: Scale) -> int | None:
+    """After the first failure, which refuted the limit: the smallest size that ends the search if it
+    fits, where it is predicted to fit beside what the failure left in use (XLA keeps its outputs)."""
+    found = run.findings
+    if len(scale.fails) != 1 or found.trials[-1].fits or found.bad is None:
+        return None
+    below = math.ceil((1 - run.settings.margin) * (found.bad - 1))
+    ceiling = scale.allowed(scale_limit(run), found.kept_total, 1.0)
+    predicted = scale.peak(below) if found.good < below < found.bad else None
+    return below if predicted is not None and ceiling is not None and predicted <= ceiling else None
+
+
+def read_room(run: Run) -> None:
+    """Read the capacity and the room again (``reread_capacity``), with what the framework says
+    of them for the predictions: the room a compilation may leave (``room_after_region``),
+    and the compiler's own limit where the framework sized the predictions and the limit is its
+    own cap (``remat_share`` of it). Over ranks, the smallest any rank knows."""
+    scale = run.scale
+    assert scale is not None
+    reread_capacity(run)
+    snapshot = take_snapshot(run) if run.settings.measure is None else None
+    after = run.framework.room_after_region(snapshot)
+    if run.ranks is not None:
+        answers = run.ranks.exchange({"kind": "room", "size": run.findings.good, "room_after": after})
+        after = min((p["room_after"] for p in answers.values() if p["room_after"] is not None), default=None)
+    scale.room_after = after
+    share, limit = scale.remat_share, bytes_of(run.limit)
+    scale.remat_limit = None if share is None or limit is None or run.settings.limit is not None else int(share * limit)

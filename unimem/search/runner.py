@@ -1,6 +1,6 @@
-"""The batch search's trial runner: open the search, run, release and record each trial, ask the
-policy for the next size, and conclude (re-running the answer where a later failure may have
-changed what fits)."""
+"""The batch search's trial runner: open the search (``opening``), run, release and record each
+trial (the one writer of ``Run.calls``), ask the policy for the next size, and conclude (re-running
+the answer where a later failure may have changed what fits)."""
 
 from __future__ import annotations
 
@@ -13,31 +13,21 @@ from typing import Any
 
 from unimem.diagnose.guard import find_oom
 from unimem.errors import ConfigError, OutOfMemory, SearchError, UnimemWarning
-from unimem.search.agreement import agree, agree_open
+from unimem.search.agreement import agree
 from unimem.search.attempt import attempt, tell_ranks
-from unimem.search.framework import Framework, resolve, trial_context
+from unimem.search.findings import bracket, figures_known, record
+from unimem.search.framework import trial_context
 from unimem.search.leak import Reading, growth, leak_text
-from unimem.search.limit import Limit, bytes_of, passed
+from unimem.search.limit import bytes_of, passed
+from unimem.search.opening import open_run
 from unimem.search.policy import call_budget, choose, is_converged
-from unimem.search.predictions import first_size, new_scale, predicted_peak, prediction_notes
-from unimem.search.progress import Progress, interrupted
-from unimem.search.ranks import Outcome, Ranks, connect
+from unimem.search.predictions import first_size, predicted_peak, prediction_notes
+from unimem.search.progress import interrupted
+from unimem.search.ranks import Outcome, connect
 from unimem.search.result import BatchSizeSearch, Trial
-from unimem.search.rules import fit, flat_past, saturation_note
+from unimem.search.rules import flat_past, saturation_note
 from unimem.search.settings import Settings, aimed
-from unimem.search.state import (
-    Run,
-    capacity_of,
-    check_peaks,
-    hold_to_host,
-    measured_by,
-    read_kept,
-    read_peak,
-    record,
-    release,
-    room_of,
-    take_snapshot,
-)
+from unimem.search.state import Run, read_kept, read_peak, release, take_snapshot, upper_bound
 from unimem.sizes import format_bytes
 from unimem.training.accumulation import plan_accumulation
 
@@ -47,88 +37,63 @@ __all__ = ["clock", "run_search"]
 clock = time.perf_counter
 
 
-def _open(settings: Settings, step: object, over: Ranks | None = None) -> Run:
-    """The search's state before its first trial: the framework, the limit, the baseline; over
-    ranks, agreed by all of them (progress lines on rank 0 only). Whatever cannot work is a
-    ``ConfigError`` here, before any trial."""
-    shown = settings.progress if over is None or over.rank == 0 else False
-    run = Run(settings, progress=Progress(shown), ranks=over, began=clock())
-    run.framework = Framework.named(resolve(settings, step), settings.device)
-    if settings.lower is not None:
-        run.scale = new_scale(run)
-    if run.framework.name is not None:
-        release(run)
-    run.before = take_snapshot(run)
-    run.limit = (
-        Limit(settings.limit, "limit=") if settings.limit is not None else _capacity(capacity_of(run, run.before))
-    )
-    if run.scale is not None:
-        run.scale.room = room_of(run, run.before)
-    run.measured_by = measured_by(run)
-    # The baseline turns one measured trial into a size that surely fits (see safe_size).
-    run.baseline = settings.baseline
-    if run.baseline is None and settings.measure is None and run.before is not None:
-        run.baseline = run.before.allocated
-    if run.scale is not None:
-        run.scale.held = run.baseline
-    if run.before is not None and settings.measure is None:
-        run.running_peak = run.before.peak_allocated
-    hold_to_host(run)
-    check_peaks(run)
-    if over is not None:
-        agree_open(run)
-    return run
-
-
 def _call(step: Callable[[int], Any], run: Run, size: int, kind: str) -> tuple[Outcome, BaseException | None]:
     """One real call of ``step``: the bytes in use read and the peak restarted before it, the peak
     read after it and held to the limit, released (outside the except block: the frames are gone),
     and agreed over ranks. Returns the outcome and, for a final report, the out-of-memory error."""
-    in_use = None
-    if run.settings.measure is None:
-        in_use = run.framework.restart_peak()
-    if run.host_peaks is not None:
-        run.host_peaks.begin()
+    calls = run.calls
+    in_use = run.framework.restart_peak() if run.settings.measure is None else None
+    if run.start.host_peaks is not None:
+        run.start.host_peaks.begin()
     t0 = clock()
-    run.calls += 1
-    error, oom = attempt(step, size, run.bad is not None, run.framework, run.ranks, kind)
+    calls.made += 1
+    error, oom = attempt(step, size, run.findings.bad is not None, run.framework, run.ranks, kind)
     seconds = clock() - t0
     peak, peak_reserved, overhead = _read_peak(run, size, kind) if error is None else (None, None, None)
     if kind == "trial" or run.settings.measure is not None:  # a re-run's own figures: not held, read only
-        error = error or passed(run.limit, peak, run.measured_by)
+        error = error or passed(run.limit, peak, run.start.measured_by)
     release(run, failed=error is not None)
     kept = read_kept(run, in_use) if error is not None else None
     outcome = Outcome(error, seconds, peak, peak_reserved, kept, overhead, in_use)
-    agreed = agree(run, kind, size, outcome, clock() - run.began)
-    run.failed_calls += agreed.error is not None
+    agreed, longest = agree(run.ranks, kind, size, outcome, clock() - run.began)
+    if longest is not None:
+        calls.elapsed = longest
+    calls.failed += agreed.error is not None
     # The host's resident figures count the process's own growth (compiled programs, pages the allocator
     # keeps): no reading of a leak. The framework's and measure='s count the step's.
-    read = agreed.peak if run.host is None else None
-    run.readings.append(Reading(size, agreed.error is None, agreed.in_use, read, run.kept_seen))
-    run.kept_seen += agreed.kept or 0
+    read = agreed.peak if run.start.host is None else None
+    calls.readings.append(Reading(size, agreed.error is None, agreed.in_use, read, calls.kept_seen))
+    calls.kept_seen += agreed.kept or 0
     return agreed, oom
 
 
 def _trial(step: Callable[[int], Any], run: Run, size: int, reason: str) -> None:
     """One call of ``step`` that the search places the next size from, recorded."""
     predicted = predicted_peak(run, size)
-    kept_before = run.kept_total
-    agreed, run.last_oom = _call(step, run, size, "trial")
-    error, peak = agreed.error, agreed.peak
-    if agreed.overhead is not None and size > run.good:
-        run.overhead = agreed.overhead  # the pool's overhead at the largest trial that fit
-    if error is not None and run.framework.keeps_failed_outputs:
-        # Lost for good. Elsewhere what stays is the step's own state (gradients a failed
-        # backward set), which the next step reuses.
-        run.kept_total += agreed.kept or 0
-    run.trials.append(
-        Trial(size, error is None, peak, agreed.seconds, reason, error, agreed.peak_reserved, agreed.kept, predicted)
-    )
-    run.progress.call(size, error is None, peak, agreed.seconds, reason, run.calls, run.settings.max_trials)
+    kept_before = run.findings.kept_total
+    agreed, run.calls.last_oom = _call(step, run, size, "trial")
+    fits, peak = agreed.error is None, agreed.peak
+    trial = Trial(size, fits, peak, agreed.seconds, reason, agreed.error, agreed.peak_reserved, agreed.kept, predicted)
+    run.progress.call(size, fits, peak, agreed.seconds, reason, run.calls.made, run.settings.max_trials)
     if run.scale is not None:
-        run.scale.ran(size, error is None, kept_before, peak)
-    run.point_kept[size] = kept_before
-    record(run, size, error is None, peak)
+        run.scale.ran(size, fits, kept_before, peak)
+    _need_peak(run, size, fits, peak)
+    record(run.findings, trial, kept_before, agreed.overhead, run.framework.keeps_failed_outputs, run.start.baseline)
+    bracket(run.findings, upper_bound(run))
+
+
+def _need_peak(run: Run, size: int, fits: bool, peak: int | None) -> None:
+    """``limit=`` needs each trial's peak: a trial that ran and read none, with nothing else known of
+    the peaks (no earlier one, no bound from the process's peak, no predicted peaks), is a ``ConfigError``."""
+    if not fits or peak is not None or run.settings.limit is None:
+        return
+    if figures_known(run.findings) or run.scale is not None:  # predicted peaks count as figures
+        return
+    raise ConfigError(
+        "limit",
+        f"a limit needs each trial's peak memory, and {run.start.measured_by} gave none for batch size {size}; "
+        "pass measure= as well (a callable returning the last trial's peak bytes), or drop limit=",
+    )
 
 
 def _read_peak(run: Run, size: int, kind: str = "trial") -> tuple[int | None, int | None, int | None]:
@@ -140,17 +105,13 @@ def _read_peak(run: Run, size: int, kind: str = "trial") -> tuple[int | None, in
         raise
 
 
-def _capacity(capacity: int | None) -> Limit | None:
-    return None if capacity is None else Limit(capacity, "capacity")
-
-
 def _nothing_fits(run: Run) -> OutOfMemory:
     """The error when batch size 1 failed, with the report of its out-of-memory error (on a rank
     where it ran, naming the ranks where it did not)."""
-    if run.last_oom is None:
+    if run.calls.last_oom is None:
         where = " on every rank" if run.ranks is not None else ""
-        return OutOfMemory(f"even batch size 1 does not fit{where}: {run.trials[-1].error}", None)
-    oom = find_oom(run.last_oom) or run.last_oom
+        return OutOfMemory(f"even batch size 1 does not fit{where}: {run.findings.trials[-1].error}", None)
+    oom = find_oom(run.calls.last_oom) or run.calls.last_oom
     from unimem.diagnose.report import build_report
 
     report = build_report(oom, backend=run.framework.name, device=run.device, batch_size=1)
@@ -181,25 +142,24 @@ def run_search(step: Callable[[int], Any], settings: Settings) -> BatchSizeSearc
     if settings.model is not None:
         step = _quiet(step, settings.model)
     over = connect(settings.collective, settings.timeout)
-    run = _open(aimed(settings, over), original, over)
+    run = open_run(aimed(settings, over), original, over, clock())
     try:
         size, reason = first_size(run), "start"
         while True:
             _trial(step, run, size, reason)
-            if run.good == 0 and run.bad == 1:
-                raise _nothing_fits(run) from run.last_oom
-            run.model, convex = fit(run.points, baseline=run.baseline)
+            if run.findings.good == 0 and run.findings.bad == 1:
+                raise _nothing_fits(run) from run.calls.last_oom
             converged = is_converged(run)
-            if converged or run.calls >= call_budget(run) or _out_of_time(run):
+            if converged or run.calls.made >= call_budget(run) or _out_of_time(run):
                 break
-            size, reason = choose(run, convex)
+            size, reason = choose(run)
             converged = is_converged(run)  # the sizes compiled to place it may bound the answer
             if converged:
                 break
             _refuse_flat(run, size)
         return _finish(step, run, converged, began)
     except KeyboardInterrupt as exc:
-        interrupted(exc, run.good or None, run.calls)
+        interrupted(exc, run.findings.good or None, run.calls.made)
         raise
 
 
@@ -207,16 +167,16 @@ def _refuse_flat(run: Run, size: int) -> None:
     """A ``SearchError`` before a size that cannot fit at a byte a sample while the peaks grew less
     than that (``rules.flat_past``): they do not see the step's memory, and a size placed on them
     would grow until the calls ran out, far past what anything can allocate."""
-    limit = bytes_of(run.limit)
-    flat = flat_past(run.points + run.bounded, limit, size)
+    limit, found = bytes_of(run.limit), run.findings
+    flat = flat_past(found.points + found.bounded, limit, size)
     if flat is None or limit is None:
         return
     (n1, p1), (n2, p2) = flat
     raise SearchError(
         f"find_batch_size: the peaks did not grow with the batch size: from {n1} to {n2} they rose "
-        f"{format_bytes(max(0, p2 - p1))} ({run.measured_by}), less than a byte a sample, and the next size, "
-        f"{size}, could not fit under the limit {format_bytes(limit)} even at a byte a sample ({len(run.trials)} "
-        f"trials, {run.trials[0].batch_size} to {n2}). The figures read do not see the step's memory, or it does "
+        f"{format_bytes(max(0, p2 - p1))} ({run.start.measured_by}), less than a byte a sample, and the next size, "
+        f"{size}, could not fit under the limit {format_bytes(limit)} even at a byte a sample ({len(found.trials)} "
+        f"trials, {found.trials[0].batch_size} to {n2}). The figures read do not see the step's memory, or it does "
         "not depend on the batch size: pass measure= returning the step's peak bytes (with limit=), or max_size= "
         "to bound the answer"
     )
@@ -228,28 +188,28 @@ def _out_of_time(run: Run) -> bool:
     bound = run.settings.time_limit
     if bound is None:
         return False
-    elapsed = run.elapsed if run.ranks is not None and run.elapsed is not None else clock() - run.began
-    run.out_of_time = elapsed >= bound
-    return run.out_of_time
+    elapsed = run.calls.elapsed if run.ranks is not None and run.calls.elapsed is not None else clock() - run.began
+    run.calls.out_of_time = elapsed >= bound
+    return run.calls.out_of_time
 
 
 def _finish(step: Callable[[int], Any], run: Run, converged: bool, began: float) -> BatchSizeSearch:
     """After the last trial: the answer confirmed or not, the notes, memory given back."""
-    settings = run.settings
-    if run.good == 0:
-        before = f" before time_limit={settings.time_limit:g} s passed" if run.out_of_time else ""
+    settings, found = run.settings, run.findings
+    if found.good == 0:
+        before = f" before time_limit={settings.time_limit:g} s passed" if run.calls.out_of_time else ""
         raise OutOfMemory(
-            f"no batch size fit in {len(run.trials)} trials{before} (smallest tried: "
-            f"{min(t.batch_size for t in run.trials)}); start lower, or raise "
-            + ("time_limit" if run.out_of_time else "max_trials"),
+            f"no batch size fit in {len(found.trials)} trials{before} (smallest tried: "
+            f"{min(t.batch_size for t in found.trials)}); start lower, or raise "
+            + ("time_limit" if run.calls.out_of_time else "max_trials"),
             None,
         )
     # stacklevel 4: _finish, run_search, find_batch_size (or the decorated function), the caller.
     spent = (
-        f"time_limit={settings.time_limit:g} s passed after {run.calls} call(s) of the step"
-        if run.out_of_time
+        f"time_limit={settings.time_limit:g} s passed after {run.calls.made} call(s) of the step"
+        if run.calls.out_of_time
         else f"max_trials={settings.max_trials} calls of the step ran out"
-    ) + (f" before the answer was within margin={settings.margin}; returning {run.good}, the largest size that ran")
+    ) + (f" before the answer was within margin={settings.margin}; returning {found.good}, the largest size that ran")
     if not converged:
         warnings.warn(f"find_batch_size: {spent}", UnimemWarning, stacklevel=4)
     answer, confirmations, confirmed, notes, warning = _conclude(step, run)
@@ -260,8 +220,8 @@ def _finish(step: Callable[[int], Any], run: Run, converged: bool, began: float)
     if run.limit is None and settings.measure is None and run.scale is None:
         notes.append("no memory limit known: searched by doubling and bisection, without a model")
     notes += prediction_notes(run)
-    if run.host is not None:
-        notes.append(run.host.note(settings.limit))
+    if run.start.host is not None:
+        notes.append(run.start.host.note(settings.limit))
     if not converged:
         notes.insert(0, spent)
     scale = run.scale
@@ -269,27 +229,27 @@ def _finish(step: Callable[[int], Any], run: Run, converged: bool, began: float)
     target = settings.target_global_batch
     return BatchSizeSearch(
         batch_size=answer,
-        trials=tuple(run.trials),
-        smallest_failure=run.bad,
+        trials=tuple(run.findings.trials),
+        smallest_failure=run.findings.bad,
         converged=converged,
         margin=settings.margin,
         limit=bytes_of(run.limit),
-        model=run.model,
-        baseline=run.baseline,
-        measured_by=run.measured_by,
+        model=run.findings.line,
+        baseline=run.start.baseline,
+        measured_by=run.start.measured_by,
         seconds=time.perf_counter() - began,
-        before=run.before,
+        before=run.start.before,
         after=after,
         notes=tuple(notes),
         confirmations=confirmations,
         confirmed=confirmed,
-        step_calls=run.calls,
-        failed_calls=run.failed_calls,
+        step_calls=run.calls.made,
+        failed_calls=run.calls.failed,
         compile_calls=0 if scale is None else scale.compiles,
         predictions=() if scale is None else tuple(sorted(scale.memo.items())),
         world_size=world,
         plan=None if target is None else plan_accumulation(target, answer, world),
-        time_limit_passed=run.out_of_time,
+        time_limit_passed=run.calls.out_of_time,
     )
 
 
@@ -298,11 +258,11 @@ def _conclude(
 ) -> tuple[int, tuple[Trial, ...], bool | None, list[str], str | None]:
     """After the search: the answer re-run or not (see ``_confirm``), the notes on what the peaks
     and the failed trials showed, and the one of them to warn with (None: none)."""
-    good, limit, kept_total = run.good, bytes_of(run.limit), run.kept_total
+    good, limit, kept_total = run.findings.good, bytes_of(run.limit), run.findings.kept_total
     cause = _saturation_cause(run)
-    saturated = None if cause is None else saturation_note(run.points, limit, good, cause)
+    saturated = None if cause is None else saturation_note(run.findings.points, limit, good, cause)
     notes = [note for note in (saturated, _kept_note(run)) if note]
-    ran = max((t for t in run.trials if t.fits and t.batch_size == good), key=lambda t: t.peak or 0)
+    ran = max((t for t in run.findings.trials if t.fits and t.batch_size == good), key=lambda t: t.peak or 0)
     if run.settings.confirm and limit is not None and kept_total and ran.peak and ran.peak + kept_total > limit:
         # Its peak no longer fits beside what the failed trials kept: re-running it (and one
         # size lower) would fail again, each failure costing seconds and maybe more memory.
@@ -321,10 +281,10 @@ def _conclude(
 def _rechecked(run: Run, answer: int, confirmations: tuple[Trial, ...], confirmed: bool | None) -> str | None:
     """What the re-runs of the answer say: that none was left for it, that the step leaks (a
     ``SearchError`` where no size ran again), or why the answer did not run again; None: it ran."""
-    good = run.good
+    good = run.findings.good
     spent = (
         f"time_limit={run.settings.time_limit:g} s passed"
-        if run.out_of_time
+        if run.calls.out_of_time
         else f"max_trials={run.settings.max_trials} spent"
     )
     if confirmed is None:
@@ -332,13 +292,13 @@ def _rechecked(run: Run, answer: int, confirmations: tuple[Trial, ...], confirme
         return f"{good} was not re-run after the search's last failure: {spent}" if unchecked else None
     leaked = _leaked(run, confirmations)
     if leaked is not None:
-        text = leak_text(good, leaked, run.measured_by)
+        text = leak_text(good, leaked, run.start.measured_by)
         if confirmed is not True:
             raise SearchError(f"find_batch_size: {text} (no size ran again: {_sizes(confirmations)})")
         return f"{text}; {answer} ran again, one size lower, but fits less with every call"
     if confirmed is True:
         return None
-    why = "the failed trials left memory in use (above)" if run.kept_total else _why_not_again(run)
+    why = "the failed trials left memory in use (above)" if run.findings.kept_total else _why_not_again(run)
     lower = f", nor did {confirmations[-1].batch_size}" if len(confirmations) > 1 else f" (no size lower: {spent})"
     return (
         f"{good} ran during the search but not again after its last out-of-memory error{lower}: {why}; "
@@ -353,17 +313,18 @@ def _sizes(trials: tuple[Trial, ...]) -> str:
 def _leaked(run: Run, confirmations: tuple[Trial, ...]) -> int | None:
     """The bytes the step held more when the answer failed its re-check than when it ran in the
     search (``leak.growth``); None when the re-check ran, or no growth past the noise was read."""
-    if not confirmations or confirmations[0].fits or len(run.readings) <= len(run.trials):
+    readings, trials = run.calls.readings, len(run.findings.trials)
+    if not confirmations or confirmations[0].fits or len(readings) <= trials:
         return None
-    again = run.readings[len(run.trials)]  # the re-check's: the readings of the re-runs follow the trials'
-    ran = [r for r in run.readings[: len(run.trials)] if r.size == again.size and r.fits]
+    again = readings[trials]  # the re-check's: the readings of the re-runs follow the trials'
+    ran = [r for r in readings[:trials] if r.size == again.size and r.fits]
     return None if not ran else growth(ran[-1], again, bytes_of(run.limit))
 
 
 def _why_not_again(run: Run) -> str:
     """Why the answer did not run again, as far as the readings say: with the bytes in use read before
     each call (and no growth, or ``_leaked`` had found it), what fits changed with the failed trials."""
-    if any(r.in_use is not None for r in run.readings[len(run.trials) :]):
+    if any(r.in_use is not None for r in run.calls.readings[len(run.findings.trials) :]):
         return "the memory in use before it had not grown enough to explain that (no leak)"
     return "what fits changed after the failed trials (no figure of the step's memory in use was read)"
 
@@ -376,13 +337,13 @@ def _saturation_cause(run: Run) -> str | None:
 
 def _failed_after(run: Run) -> bool:
     """Whether a trial failed after the answer last ran."""
-    ran_at = max(i for i, t in enumerate(run.trials) if t.fits and t.batch_size == run.good)
-    return not all(t.fits for t in run.trials[ran_at + 1 :])
+    ran_at = max(i for i, t in enumerate(run.findings.trials) if t.fits and t.batch_size == run.findings.good)
+    return not all(t.fits for t in run.findings.trials[ran_at + 1 :])
 
 
 def _kept_note(run: Run) -> str | None:
     """What the failed trials left in use, when it is worth saying (over 1% of the limit)."""
-    failed = [t for t in run.trials if t.kept]
+    failed = [t for t in run.findings.trials if t.kept]
     total = sum(t.kept or 0 for t in failed)
     note = run.framework.kept_outputs_note
     if not failed or note is None or (run.limit and total < 0.01 * run.limit.bytes):
@@ -398,7 +359,7 @@ def _rerun(step: Callable[[int], Any], run: Run, size: int, reason: str) -> Tria
     """One call of ``step`` after the search, measured and released like a trial; its peak is no point of the fit."""
     agreed, _ = _call(step, run, size, "re-run")
     fits = agreed.error is None
-    run.progress.call(size, fits, agreed.peak, agreed.seconds, reason, run.calls, run.settings.max_trials)
+    run.progress.call(size, fits, agreed.peak, agreed.seconds, reason, run.calls.made, run.settings.max_trials)
     return Trial(size, fits, agreed.peak, agreed.seconds, reason, agreed.error)
 
 
@@ -415,17 +376,17 @@ def _confirm(step: Callable[[int], Any], run: Run) -> tuple[int, tuple[Trial, ..
     that runs, a call at ``start`` ("settle") where the framework asks for one
     (``Framework.settle_call``). Every call counts against ``max_trials``.
     Returns the answer, the re-runs, and whether one ran (None: not needed, or no call left)."""
-    settings, good = run.settings, run.good
-    if not settings.confirm or run.out_of_time or not _failed_after(run):
+    settings, good = run.settings, run.findings.good
+    if not settings.confirm or run.calls.out_of_time or not _failed_after(run):
         return good, (), None
     done: list[Trial] = []
     # One step down: the smallest size still within the margin of any size below ``good``.
     for size in dict.fromkeys((good, max(1, math.ceil((1 - settings.margin) * (good - 1))))):
-        if run.calls >= settings.max_trials:
+        if run.calls.made >= settings.max_trials:
             break
         done.append(_rerun(step, run, size, "confirm"))
         if done[-1].fits:
-            if settings.start < size and run.calls < settings.max_trials and run.framework.settle_call:
+            if settings.start < size and run.calls.made < settings.max_trials and run.framework.settle_call:
                 # What the step keeps between calls (gradients set to None at the next step's
                 # start) was allocated inside the answer's large segments, which it now pins:
                 # one call at ``start``, with the pool released where the framework says
