@@ -1,4 +1,5 @@
-"""The batch-size search's arithmetic: fitting peaks, predicting, and choosing the next size.
+"""The batch-size search's arithmetic: fitting peaks, predicting, and the steps the next size is
+placed with (the rules that choose it: ``unimem.search.regimes``).
 
 Pure functions of the trials' ``(batch size, peak bytes)`` points and the limit: no I/O,
 no framework, no clock, so that the search's choices can be tested over many shapes.
@@ -11,9 +12,7 @@ import math
 
 __all__ = [
     "FLAT_NOISE",
-    "MAX_EXTRAPOLATION",
     "SATURATION_CAUSE",
-    "climbing",
     "fit",
     "fit_linear",
     "flat_past",
@@ -21,7 +20,6 @@ __all__ = [
     "line_bound",
     "log_width",
     "median",
-    "next_size",
     "plateau_ratio",
     "predict",
     "ran_past_the_cap",
@@ -137,148 +135,6 @@ def plateau_ratio(points: list[tuple[int, int]]) -> float:
         return 0.0
     (n1, m1), (n2, m2) = sorted(points)[-2:]
     return n2 / n1 if m2 <= m1 else 0.0
-
-
-# A line through sizes this many times smaller than its prediction is no point estimate
-# while a sure step exists: a step's peaks steepen past small sizes, so such a line
-# overshoots, and a failed trial costs seconds (docs/measurements.md, "batch-size search").
-MAX_EXTRAPOLATION = 4.0
-
-
-def _sure_low(good: int, high: int | None, safe: int | None, margin: float) -> tuple[int, int | None]:
-    """The lower estimate (``good``, raised to the sure bound less half the margin), and the
-    sure bound if it still stands: a failure at or below it refutes it (the limit was optimistic)."""
-    if safe is not None and (high is None or safe * (1 - margin / 2) < high):
-        return max(good, math.floor(safe * (1 - margin / 2))), safe
-    return good, None
-
-
-def _grow(good: int, low: int, safe: int | None, flat: float) -> tuple[int, str]:
-    """Nothing above is known: the sure step (it grows by the headroom's ratio), or grow while
-    a plateau of fixed costs keeps the sure step small, squaring the plateau's ratio at each
-    step on it (a long plateau costs few trials)."""
-    size, reason = (low, "safe-jump") if safe is not None else (2 * good, "grow")
-    stride = min(16.0, max(2.0, flat**2))
-    if flat and size < stride * good:
-        size, reason = math.floor(stride * good), "grow"
-    return size, reason
-
-
-def next_size(
-    good: int,
-    bad: int | None,
-    upper: int | None,
-    predicted: int | None,
-    margin: float,
-    safe: int | None = None,
-    flat: float = 0.0,
-    convex: bool = False,
-    jumped: bool = False,
-    saturated: bool = False,
-    refit: bool = False,
-    cautious: bool = False,
-    streak: int = 0,
-    linear: bool = False,
-    climb: int = 0,
-    peaked: int = 0,
-) -> tuple[int, str]:
-    """The next size to try, and why. ``good`` >= 1 is the largest that fit, ``bad`` the
-    smallest that did not; ``predicted`` is the linear fit's answer and ``safe`` the
-    proportional lower bound (both may be None); ``flat``: when the two largest sizes
-    measured peaked the same (a plateau of fixed costs), the ratio of those sizes, else 0;
-    ``convex``: the fit saw the peaks grow faster at larger sizes, so ``predicted`` is only
-    an upper estimate; ``jumped``: the last trial was a sure step, and it fit;
-    ``saturated``: the peaks stopped growing near the limit (see ``knee``) and nothing
-    failed yet: only a step by the margin is safe (a failed trial can cost seconds and
-    leave the step's outputs in use); ``refit``: a size fit after the smallest failure, so ``predicted``
-    comes from a point the failure did not; ``cautious``: a failure costs much more than a run
-    that fits (JAX), so the search approaches from below: a bracket is split a third of the way
-    up (in log-size) rather than halfway;
-    ``streak``: how many sizes in a row ran as ``saturated`` steps: past three (15% at a 5%
-    margin, the stretch XLA's rematerialization gave on the GPU), each step doubles;
-    ``linear``: a failure refuted the limit (the capacity lies under it) while the peaks are a
-    line, so the answer is near the top of the bracket and it is split in size, not log-size;
-    ``climb``: how many sizes in a row ran above ``peaked``, the largest size whose peak was read,
-    without their peak reading higher, and nothing failed yet: ``climbing`` says where next.
-
-    The answer lies between a lower estimate (``good``, raised to ``safe``) and an upper
-    one (the prediction, else one below the smallest failure). A step's peak is often
-    convex in the batch: at small sizes a fixed part (gradients, an optimizer step's
-    temporaries) tops the activations, so a line through small sizes predicts too much.
-    Hence: when the two estimates are within a factor of two, aim just under the upper
-    one; when they are further apart, aim at their geometric mean (a bisection in
-    log-size, which halves the uncertainty whichever way the trial goes)."""
-    bounds = [x for x in (None if bad is None else bad - 1, upper) if x is not None]
-    high = min(bounds) if bounds else None
-    low, safe = _sure_low(good, high, safe, margin)
-    # A prediction is a point estimate unless the peaks grew convexly, or (with a sure
-    # bound) it lies more than twice above that bound, or, when that bound is a step up,
-    # more than MAX_EXTRAPOLATION times the largest size that ran: a line through small
-    # sizes, whose peak a fixed part sets, predicts far too much.
-    trusted = (
-        predicted is not None
-        and not convex
-        and (safe is None or predicted <= 2 * max(low, 1))
-        and (safe is None or low <= good or predicted <= MAX_EXTRAPOLATION * good)
-    )
-    top = predicted if predicted is not None and (high is None or predicted <= high) else high
-    # A prediction at most a margin above the smallest failure, still made after a size that
-    # fit since that failure (a new point, and the line holds), is right but for noise: the
-    # limit lies just under the failure, so aim there rather than bisect from ``good``.
-    near_miss = refit and predicted is not None and bad is not None and bad <= predicted <= bad / (1 - margin)
-    aimed = top is not None and (top == predicted or near_miss)
-    if top is None:
-        size, reason = _grow(good, low, safe, flat)
-    elif bad is None and top == upper and (trusted or 2 * low >= top):
-        size, reason = top, "upper-bound"
-    elif aimed and trusted:
-        size, reason = max(low, math.floor(top * (1 - margin / 2))), "predict"
-    elif low > good and top <= 4 * low and (low >= 1.15 * good or top <= 1.5 * low or not jumped):
-        # The sure bound is a step up and the answer is not far above it: take it (it
-        # fits, and the next step starts from there). Not for a second small step in a
-        # row: a sure bound that a fixed part keeps loose creeps up a few percent a trial.
-        size, reason = low, "safe-jump"
-    else:
-        # Far apart, or the prediction was refuted by a failure below it: log-bisect.
-        base = max(low, 1)
-        share = 1 / 3 if cautious and bad is not None else 0.5
-        if top <= base:
-            middle = top
-        elif linear or share < 0.5:
-            middle = split(base, top, share, linear)
-        else:
-            middle = math.floor(math.sqrt(base * top))
-        size = max(low, middle)
-        reason = "predict-far" if top == predicted else "bisect"
-    close = closing(good, margin)
-    if climb and bad is None:
-        size, reason = climbing(good, peaked, climb, margin), "saturated"
-    elif saturated:
-        size, reason = closing(good, margin, 2 ** max(0, streak - 2)), "saturated"
-    if size < close:
-        # Near the edge: the smallest size whose failure ends the search beats a small
-        # step up (it fails and ends it, or fits and gains more).
-        size, reason = close, "close"
-    size = max(good + 1, size)
-    if high is not None:
-        size = min(size, high)
-    return size, reason
-
-
-# Steps a framework that saves memory to fit ran past the last size whose peak rose, in margins: XLA's
-# rematerialization ran three to four (15-23% at a 5% margin) on an H200.
-CLIMB = 3
-
-
-def climbing(good: int, peaked: int, climb: int, margin: float) -> int:
-    """The next size above ``good`` where the ``climb`` sizes in a row above ``peaked`` (the largest
-    whose peak was read) ran without their peak reading higher: the step saves memory to fit (XLA
-    rematerializes), and the peaks say nothing of how far it stretches. After the first, ``CLIMB``
-    margins past ``peaked``; after the second, the size whose failure ends the search; past that,
-    steps that double (1, 2, 4 margins): few sizes that fit, and one failure, reach the answer."""
-    if climb == 1:
-        return max(closing(peaked, margin, CLIMB), closing(good, margin))
-    return closing(good, margin, 2 ** max(0, climb - 3))
 
 
 def log_width(good: int, high: int | None) -> float | None:
