@@ -615,6 +615,33 @@ def test_no_function_is_much_over_80_lines(source):
     assert not long, f"{source.rel}: " + ", ".join(long)
 
 
+# The batch search changes most often, and its steps are read one function at a time: a stricter rule there.
+SEARCH = FRONT / "search"
+SEARCH_FUNCTION_LINES = 60
+
+
+def _over_search_limit(source: Source) -> list[str]:
+    return [
+        f"{node.name} ({_code_lines(node)} lines of code)"
+        for node in _functions(source)
+        if _code_lines(node) > SEARCH_FUNCTION_LINES
+    ]
+
+
+@pytest.mark.parametrize("source", [s for s in ALL if s.path.is_relative_to(SEARCH)], ids=lambda s: s.rel)
+def test_no_function_of_the_search_is_over_60_lines(source):
+    long = _over_search_limit(source)
+    assert not long, f"{source.rel}: " + ", ".join(long)
+
+
+def test_the_search_rule_counts_code_not_docstrings():
+    body = "".join(f"    x{i} = {i}\n" for i in range(SEARCH_FUNCTION_LINES - 1))
+    documented = f'def fits():\n    """One line.\n\n    And more.\n    """\n{body}'
+    code = f"{documented}def too_long():\n{body}    y = 0\n"
+    source = Source(SEARCH / "made_up.py", "unimem.search.made_up", ast.parse(code))
+    assert _over_search_limit(source) == [f"too_long ({SEARCH_FUNCTION_LINES + 1} lines of code)"]
+
+
 MODULE_LINES = 700  # past this a module holds several things a reader looks for in different places
 
 

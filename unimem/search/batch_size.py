@@ -2,7 +2,9 @@
 
 How it chooses each size, and why: docs/explanation/batch-search.md. The search's parts, each
 in its own module here: ``settings`` (the arguments), ``result`` (``Trial``,
-``BatchSizeSearch``), ``state`` (what a search knows and reads), ``policy`` (the next size),
+``BatchSizeSearch``), ``framework`` (the one that asks the adapter), ``limit`` (the limit and
+its one check), ``state`` (what a search knows and reads), ``opening`` (before the first trial),
+``findings`` (what the trials showed), ``policy`` and ``regimes`` (the next size),
 ``predictions`` (``lower=``), ``attempt`` (one call of the step), ``agreement`` (over ranks)
 and ``runner`` (the trials, from the first to the conclusion).
 """

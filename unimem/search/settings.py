@@ -114,6 +114,65 @@ def _check_time_limit(time_limit: object) -> float | None:
     return float(time_limit)
 
 
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_start(start: object) -> int:
+    if not _whole(start) or start < 1:  # type: ignore[operator]
+        raise ConfigError("start", f"expected the first batch size to try (an int of 1 or more), got {start!r}")
+    assert isinstance(start, int)
+    return start
+
+
+def _check_device(device: object, max_size: object, start: int) -> tuple[int, int | None]:
+    """``device`` and ``max_size`` (at least ``start``)."""
+    if not _whole(device) or device < 0:  # type: ignore[operator]
+        raise ConfigError("device", f"expected a device index (0 or more), got {device!r}")
+    if max_size is not None and (not _whole(max_size) or max_size < start):  # type: ignore[operator]
+        raise ConfigError("max_size", f"expected None or an int of at least start={start}, got {max_size!r}")
+    assert isinstance(device, int) and (max_size is None or isinstance(max_size, int))
+    return device, max_size
+
+
+def _check_margin(margin: object) -> float:
+    if (
+        isinstance(margin, bool)
+        or not isinstance(margin, (int, float))
+        or not math.isfinite(margin)
+        or not 0 <= margin < 1
+    ):
+        raise ConfigError("margin", f"expected a share in [0, 1), such as 0.05, got {margin!r}")
+    return float(margin)
+
+
+def _optional_callable(value: object, parameter: str, expected: str) -> Callable[..., Any] | None:
+    if value is not None and not callable(value):
+        raise ConfigError(parameter, f"expected None or {expected}, got {value!r}")
+    return value
+
+
+def _check_bytes(limit: object, baseline: object) -> tuple[int | None, int | None]:
+    """``limit`` and ``baseline`` as bytes (``"8GiB"`` or an int; None: not given)."""
+    size = None if limit is None else parse_size(limit, "limit")
+    base: int | None = None
+    if baseline is not None:
+        base = 0 if baseline == 0 and not isinstance(baseline, bool) else parse_size(baseline, "baseline")
+    return size, base
+
+
+def _check_calls(max_trials: object, return_trials: object, confirm: object) -> int:
+    """``max_trials``, and the switches that say what the search returns and re-runs."""
+    if not _whole(max_trials) or max_trials < 1:  # type: ignore[operator]
+        raise ConfigError("max_trials", f"expected an int of 1 or more, got {max_trials!r}")
+    if not isinstance(return_trials, bool):
+        raise ConfigError("return_trials", f"expected True or False, got {return_trials!r}")
+    if not isinstance(confirm, bool):
+        raise ConfigError("confirm", f"expected True or False, got {confirm!r}")
+    assert isinstance(max_trials, int)
+    return max_trials
+
+
 def check(
     start: object,
     backend: object,
@@ -134,65 +193,36 @@ def check(
     collective: object = None,
     time_limit: object = None,
 ) -> Settings:
-    def whole(value: object) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    if not whole(start) or start < 1:  # type: ignore[operator]
-        raise ConfigError("start", f"expected the first batch size to try (an int of 1 or more), got {start!r}")
-    assert isinstance(start, int)
+    """``find_batch_size``'s arguments, each checked before any trial in the order it names them: a
+    bad one is a ``ConfigError`` naming it."""
+    first = _check_start(start)
     name = registry.canonical_name(backend) if backend is not None else None
-    if not whole(device) or device < 0:  # type: ignore[operator]
-        raise ConfigError("device", f"expected a device index (0 or more), got {device!r}")
-    if max_size is not None and (not whole(max_size) or max_size < start):  # type: ignore[operator]
-        raise ConfigError("max_size", f"expected None or an int of at least start={start}, got {max_size!r}")
-    if (
-        isinstance(margin, bool)
-        or not isinstance(margin, (int, float))
-        or not math.isfinite(margin)
-        or not 0 <= margin < 1
-    ):
-        raise ConfigError("margin", f"expected a share in [0, 1), such as 0.05, got {margin!r}")
-    if measure is not None and not callable(measure):
-        raise ConfigError(
-            "measure", f"expected None or a callable returning the last trial's peak bytes, got {measure!r}"
-        )
-    size = None if limit is None else parse_size(limit, "limit")
-    base: int | None = None
-    if baseline is not None:
-        base = 0 if baseline == 0 and not isinstance(baseline, bool) else parse_size(baseline, "baseline")
-    if not whole(max_trials) or max_trials < 1:  # type: ignore[operator]
-        raise ConfigError("max_trials", f"expected an int of 1 or more, got {max_trials!r}")
-    if not isinstance(return_trials, bool):
-        raise ConfigError("return_trials", f"expected True or False, got {return_trials!r}")
-    if not isinstance(confirm, bool):
-        raise ConfigError("confirm", f"expected True or False, got {confirm!r}")
-    if lower is not None and not callable(lower):
-        raise ConfigError(
-            "lower", f"expected None or a callable lower(batch_size) returning the lowered step, got {lower!r}"
-        )
+    index, most = _check_device(device, max_size, first)
+    share = _check_margin(margin)
+    reads = _optional_callable(measure, "measure", "a callable returning the last trial's peak bytes")
+    size, base = _check_bytes(limit, baseline)
+    calls = _check_calls(max_trials, return_trials, confirm)
+    lowers = _optional_callable(lower, "lower", "a callable lower(batch_size) returning the lowered step")
     if progress is not None and not isinstance(progress, bool):
         raise ConfigError("progress", f"expected None (on a terminal), True or False, got {progress!r}")
     wait = _check_ranks(target_global_batch, timeout, collective)
     bound = _check_time_limit(time_limit)
-    assert isinstance(device, int) and isinstance(max_trials, int)
-    assert max_size is None or isinstance(max_size, int)
+    assert isinstance(return_trials, bool) and isinstance(confirm, bool)
     assert target_global_batch is None or isinstance(target_global_batch, int)
     assert collective is None or isinstance(collective, bool)
-    checked_measure: Callable[[], int | None] | None = measure
-    checked_lower: Callable[[int], Any] | None = lower
     return Settings(
-        start,
+        first,
         name,
-        device,
-        max_size,
-        float(margin),
-        checked_measure,
+        index,
+        most,
+        share,
+        reads,
         size,
         base,
-        max_trials,
+        calls,
         return_trials,
         confirm,
-        checked_lower,
+        lowers,
         progress,
         model,
         target_global_batch,
