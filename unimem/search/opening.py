@@ -62,7 +62,7 @@ def open_run(settings: Settings, step: object, over: Ranks | None, began: float)
         findings=Findings(running_peak=start.running_peak),
     )
     if predicted:
-        # Held: this rank's own bytes before the search (each rank's predictions are its own).
+        # Held: this rank's bytes in use before the search, as read before the ranks agreed on the baseline.
         run.scale = new_scale(run, room, baseline)
     return run
 
