@@ -14,8 +14,6 @@ from unimem.applied import Action, Applied
 from unimem.config import ENV_VARS, Request, Settings, check_device, parse_env
 from unimem.errors import BackendUnavailable, ConfigError, TooLateError, UnimemWarning, UnsupportedFeature
 from unimem.memory_stats import MemoryStats
-from unimem.snapshots import adapter_stats as adapter_stats  # re-exported: observe/ and search/ read through api
-from unimem.snapshots import framework_free_stats as framework_free_stats
 from unimem.snapshots import read_snapshot
 from unimem.support import Support
 
