@@ -164,7 +164,7 @@ def kernels_like_cuda(chosen: Callable[[int], None]) -> Iterator[None]:
         library.impl("scaled_dot_product_attention", _attention(torch, chosen), "AutogradCPU")
         library.impl("dropout", _dropout(torch), "AutogradCPU")
     module_cuda = torch.nn.Module.cuda
-    torch.nn.Module.cuda = lambda self, device=None: self  # type: ignore[method-assign,assignment]
+    torch.nn.Module.cuda = lambda self, device=None: self  # type: ignore[method-assign]
     try:
         yield
     finally:

@@ -232,6 +232,8 @@ def find_batch_size(
     check(**options, max_size=bound, baseline=None, return_trials=return_trials)
 
     model = checked.model
+    if model is None:  # a Trainer made with model_init builds its model in train(): nothing to size yet
+        raise ConfigError("trainer", "the Trainer has no model yet; pass model= to Trainer, or call train() once first")
     _enable_checkpointing(checked)
     with _restored(checked):
         fit_start = FitStart([checked.optimizer] if checked.optimizer is not None else [], model.parameters())
