@@ -12,12 +12,15 @@ and ``runner`` (the trials, from the first to the conclusion).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from unimem.errors import ConfigError
 from unimem.search.result import BatchSizeSearch, Trial
 from unimem.search.runner import run_search
 from unimem.search.settings import DEFAULT_TIMEOUT, Settings, check
+
+if TYPE_CHECKING:
+    from unimem.estimate.result import MemoryEstimate
 
 __all__ = ["BatchSizeSearch", "Trial", "find_batch_size"]
 
@@ -37,7 +40,7 @@ def find_batch_size(
     max_trials: int = ...,
     return_trials: Literal[False] = ...,
     confirm: bool = ...,
-    lower: Callable[[int], Any] | None = ...,
+    lower: Callable[[int], Any] | MemoryEstimate | None = ...,
     progress: bool | None = ...,
     model: Any = ...,
     target_global_batch: int | None = ...,
@@ -62,7 +65,7 @@ def find_batch_size(
     max_trials: int = ...,
     return_trials: Literal[True],
     confirm: bool = ...,
-    lower: Callable[[int], Any] | None = ...,
+    lower: Callable[[int], Any] | MemoryEstimate | None = ...,
     progress: bool | None = ...,
     model: Any = ...,
     target_global_batch: int | None = ...,
@@ -87,7 +90,7 @@ def find_batch_size(
     max_trials: int = ...,
     return_trials: bool = ...,
     confirm: bool = ...,
-    lower: Callable[[int], Any] | None = ...,
+    lower: Callable[[int], Any] | MemoryEstimate | None = ...,
     progress: bool | None = ...,
     model: Any = ...,
     target_global_batch: int | None = ...,
@@ -111,7 +114,7 @@ def find_batch_size(
     max_trials: int = 20,
     return_trials: bool = False,
     confirm: bool = True,
-    lower: Callable[[int], Any] | None = None,
+    lower: Callable[[int], Any] | MemoryEstimate | None = None,
     progress: bool | None = None,
     model: Any = None,
     target_global_batch: int | None = None,
@@ -141,7 +144,9 @@ def find_batch_size(
         max_trials: The most calls of ``step``, re-runs included (default 20); the answer is then the largest that ran.
         return_trials: True returns a ``BatchSizeSearch`` (every trial, the notes) instead of the int.
         confirm: Re-run the answer once a later trial failed, one size lower if it no longer runs (default True).
-        lower: ``lower(n)`` returns the step lowered for size ``n``, or its peak bytes: only sizes predicted to fit run.
+        lower: ``lower(n)`` returns the step lowered for size ``n``, or its peak bytes: only sizes predicted to fit run;
+            or an estimate (``unimem.estimate_memory``'s): torch's first call is then at the largest size predicted to
+            fit, and a second at it confirms it.
         progress: A line per call of ``step`` on stderr (rank 0 only); None (default): when stderr is a terminal.
         model: Over ranks, the module the step trains: each trial runs without its collectives (DDP's ``no_sync()``).
         target_global_batch: Samples per optimizer step over all ranks: the result's ``plan`` meets it with the answer.

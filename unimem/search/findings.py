@@ -3,7 +3,8 @@ did not, the measured peaks and the line through them, what failures left in use
 what a failure refuted. ``Findings`` is written here only: the trial runner hands each trial to
 ``record`` and the bound it then computes to ``bracket``; the policy says what its next size relied on
 (``rely``), and takes back a refutation the room it was made against no longer stands for
-(``withdraw_sure_refutation``). Pure: no I/O, no framework.
+(``withdraw_sure_refutation``); a search sized from predictions takes back what its second call
+disproved (``drop_point``, ``disown_good``). Pure: no I/O, no framework.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from unimem.search.rules import fit, median
 __all__ = [
     "Findings",
     "bracket",
+    "disown_good",
+    "drop_point",
     "failures_costly",
     "figures_known",
     "record",
@@ -116,6 +119,21 @@ def bracket(findings: Findings, high: int | None) -> None:
     """Keep the bracket ``(good, high)`` after a trial (``high``: every bound on the answer)."""
     if findings.good and high is not None:
         findings.brackets.append((findings.good, high))
+
+
+def drop_point(findings: Findings, size: int, peak: int | None, baseline: int | None) -> None:
+    """Take back a trial's point that is no point of the fit (a sized search's first call, its peak read
+    without the optimizer's state), its own, the first at that size; the line is fit again without it."""
+    if peak is not None and (size, peak) in findings.points:
+        findings.points.remove((size, peak))
+        findings.line, findings.convex = fit(findings.points, baseline=baseline)
+
+
+def disown_good(findings: Findings) -> None:
+    """The largest size that ran is no answer: it ran only without the state the step holds from its
+    second call on (a sized search's first call), and failed with it. The search goes on as though no
+    size had run."""
+    findings.good = 0
 
 
 def rely(findings: Findings, safe: int | None, predicted: int | None) -> None:

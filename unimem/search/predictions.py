@@ -18,6 +18,7 @@ from unimem.search.findings import failures_costly
 from unimem.search.framework import size_lowered
 from unimem.search.host_limit import GROWTH as HOST_GROWTH
 from unimem.search.limit import bytes_of
+from unimem.search.predicted import predictor_of
 from unimem.search.ranks import known, worst
 from unimem.search.rules import closing
 from unimem.search.scale import OVER, Scale
@@ -104,8 +105,7 @@ def _predictor(run: Run) -> Callable[[list[int]], list[Figures | None]]:
     """``sizes -> predicted (peak, largest buffer, rematerialized)`` through ``lower=``, compiled at
     once where the scale's rounds are wider than one (``unimem.search.compile``); a lowering that
     itself runs out of memory predicts ``OVER`` (the size does not fit), any other error stops the search."""
-    lower = run.settings.lower
-    assert lower is not None
+    lower = predictor_of(run.settings)  # an estimate: the figure held against the limit
 
     def predict(sizes: list[int]) -> list[Figures | None]:
         threads = 1 if run.scale is None else run.scale.width

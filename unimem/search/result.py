@@ -26,7 +26,8 @@ class Trial:
         reason (str): Why this size was tried: ``start``, ``grow``, ``halve``,
             ``safe-jump``, ``predict``, ``predict-far``, ``close``, ``saturated``,
             ``bisect``, ``upper-bound``; with ``lower=`` also ``predicted``,
-            ``predicted-below``, ``predicted-split``; after the search ``confirm`` or
+            ``predicted-below``, ``predicted-split``, and ``steady`` (the predicted size
+            again, confirming predictions given in bytes); after the search ``confirm`` or
             ``settle``.
         error (str | None): The out-of-memory message's first line when it did not fit.
         peak_reserved (int | None): torch: the pool's peak in the same trial, in bytes.
@@ -34,7 +35,8 @@ class Trial:
             above those in use before it (JAX: XLA does not free a failed execution's
             output buffers). None: not read.
         predicted (int | None): With ``lower=``: the peak the compiled step predicted for
-            this size, in bytes; None without a prediction.
+            this size, in bytes (an estimate's least memory the step runs in, where the
+            framework's cap is the limit); None without a prediction.
     """
 
     batch_size: int
@@ -42,7 +44,7 @@ class Trial:
     peak: int | None  # bytes the trial used at its peak; None when unknown
     seconds: float
     reason: str  # start, grow, halve, safe-jump, predict, predict-far, close, saturated, bisect, upper-bound,
-    # predicted, predicted-below, predicted-split (with lower=); confirm, settle (after the search)
+    # predicted, predicted-below, predicted-split, steady (with lower=); confirm, settle (after the search)
     error: str | None = None  # the out-of-memory message's first line when it did not fit
     peak_reserved: int | None = None  # torch: the pool's peak in the same trial
     # After a failure: bytes still in use once it was released, above those in use before

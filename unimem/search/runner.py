@@ -21,6 +21,7 @@ from unimem.search.leak import Reading, growth, leak_text
 from unimem.search.limit import bytes_of, passed
 from unimem.search.opening import open_run
 from unimem.search.policy import call_budget, choose, is_converged
+from unimem.search.predicted import STEADY, confirming, opening
 from unimem.search.predictions import first_size, predicted_peak, prediction_notes
 from unimem.search.progress import interrupted
 from unimem.search.ranks import Outcome, connect
@@ -144,14 +145,18 @@ def run_search(step: Callable[[int], Any], settings: Settings) -> BatchSizeSearc
     over = connect(settings.collective, settings.timeout)
     run = open_run(aimed(settings, over), original, over, clock())
     try:
-        size, reason = first_size(run), "start"
+        size, reason = opening(run, first_size(run))
         while True:
             _trial(step, run, size, reason)
+            again = confirming(run)  # sized from the predictions: the size to run again to confirm them
             if run.findings.good == 0 and run.findings.bad == 1:
                 raise _nothing_fits(run) from run.calls.last_oom
-            converged = is_converged(run)
+            converged = again is None and is_converged(run)
             if converged or run.calls.made >= call_budget(run) or _out_of_time(run):
                 break
+            if again is not None:
+                size, reason = again, STEADY
+                continue
             size, reason = choose(run)
             converged = is_converged(run)  # the sizes compiled to place it may bound the answer
             if converged:

@@ -204,6 +204,18 @@ class Scale:
                 "order the sizes as the device does"
             )
 
+    def given(self, sizes: list[int]) -> None:
+        """Read the predictions of ``sizes`` known already (an estimate's sizes): outside the budget,
+        as nothing is compiled for them."""
+        known = [n for n in sorted(sizes) if n not in self.memo]
+        self.budget += len(known)
+        self.peaks(known)
+
+    def overrule(self, why: str | None) -> None:
+        """Another's verdict on the runs replaces the scale's own (``ran``): ``why`` the predictions
+        are set aside, or None: they hold."""
+        self.distrust = why
+
     def ceiling(self, limit: int | None) -> int | None:
         """The most bytes (as a fresh process holds them) a run may reach: the limit, and less
         than every failure's."""

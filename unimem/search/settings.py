@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from unimem import registry
 from unimem.errors import ConfigError
+from unimem.estimate.result import MemoryEstimate
 from unimem.sizes import parse_size
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ class Settings:
     max_trials: int
     return_trials: bool
     confirm: bool = True
-    lower: Callable[[int], Any] | None = None
+    lower: Callable[[int], Any] | MemoryEstimate | None = None
     progress: bool | None = None
     model: Any = None
     target_global_batch: int | None = None
@@ -152,6 +153,17 @@ def _optional_callable(value: object, parameter: str, expected: str) -> Callable
     return value
 
 
+def _check_lower(lower: object) -> Callable[[int], Any] | MemoryEstimate | None:
+    """``lower``: None, an estimate, or a callable returning the lowered step or its peak bytes."""
+    if lower is not None and not callable(lower) and not isinstance(lower, MemoryEstimate):
+        raise ConfigError(
+            "lower",
+            "expected None, an estimate (unimem.estimate_memory's result) or a callable lower(batch_size) "
+            f"returning the lowered step or its peak bytes, got {lower!r}",
+        )
+    return lower  # type: ignore[return-value]
+
+
 def _check_bytes(limit: object, baseline: object) -> tuple[int | None, int | None]:
     """``limit`` and ``baseline`` as bytes (``"8GiB"`` or an int; None: not given)."""
     size = None if limit is None else parse_size(limit, "limit")
@@ -202,7 +214,7 @@ def check(
     reads = _optional_callable(measure, "measure", "a callable returning the last trial's peak bytes")
     size, base = _check_bytes(limit, baseline)
     calls = _check_calls(max_trials, return_trials, confirm)
-    lowers = _optional_callable(lower, "lower", "a callable lower(batch_size) returning the lowered step")
+    lowers = _check_lower(lower)
     if progress is not None and not isinstance(progress, bool):
         raise ConfigError("progress", f"expected None (on a terminal), True or False, got {progress!r}")
     wait = _check_ranks(target_global_batch, timeout, collective)
