@@ -19,17 +19,28 @@ Models: transformers' GPT-2 small (``GPT2LMHeadModel(GPT2Config())``, 1024 token
 and under bf16 autocast, each without a saver and with every ``GPT2Block`` saved (``full``); timm's
 ResNet-50 (224 x 224, AdamW); the search rows' torch transformer (``nn.TransformerEncoder``, 4 layers,
 d 1024, 16 heads, 4096 wide, 256 tokens); the search rows' Flax MLP and JAX transformer (their own
-definitions, imported from ``bench_search_rows.py``). Rows of kind ``"estimate"``; other kinds (the
-batch search's, ``"search"``) add their rows through ``ROWS``.
+definitions, imported from ``bench_search_rows.py``). Rows of kind ``"estimate"``.
+
+Rows of kind ``"search"`` (``--kinds search``; GPT-2 small under bf16 autocast): the batch search
+sized from the estimate, in one fresh process under the cap (``unimem.configure(limit=cap)``): the
+estimate (``target=cap``), then ``find_batch_size(step, start=estimate.largest, lower=estimate)`` on
+the real model, its calls, failures, answer and seconds; then the truth, the same step function in
+fresh processes under the same cap, three calls each (the second holds the optimizer's state, the
+third shows nothing more grows), at the answer and the sizes next to it until one runs and the next
+does not: ``share`` is the answer over that largest size. Run with ``--kinds`` naming only some kinds,
+the file's rows of the other kinds are kept.
 
     python benchmarks/bench_estimate.py --out benchmarks/results/estimate-gpu-h200.json --machine LABEL
+    python benchmarks/bench_estimate.py --kinds search --out benchmarks/results/estimate-gpu-h200.json --machine LABEL
     python benchmarks/bench_estimate.py --cpu-plan --out benchmarks/results/estimate-cpu-plan.json
-    python benchmarks/bench_estimate.py --smoke --out /tmp/estimate-smoke.json   # the CPU, tiny models
+    python benchmarks/bench_estimate.py --smoke --kinds estimate,search --out /tmp/estimate-smoke.json   # the CPU
 
 ``--cpu-plan`` makes the torch rows' estimates on a machine without a GPU, for the CUDA target, at the
 sizes of the GPU file when it is there: set beside it, they show what a CPU machine plans for the GPU.
 ``--smoke`` runs the same path on the CPU with tiny models (torch's measured on a real CPU run by the
-estimate's own tracker, in exact bytes; JAX's not measured, the CPU keeping no peak).
+estimate's own tracker, in exact bytes; JAX's not measured, the CPU keeping no peak). Its search rows
+hold the tracker's peaks to ``limit=`` (``measure=``), the cap nothing enforces on the CPU: the
+truth is then the largest size whose three calls all peak within it.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +85,15 @@ SMOKE_MODELS: dict[str, dict[str, Any]] = {
     "tiny-torch-mlp": _model("torch", "tiny", [4, 8]),
     "tiny-jax-mlp": _model("jax", "jax-mlp", [64, 256]),
 }
-# Seconds a child may take: an estimate (several sizes), a compilation, a measured step.
-TIMEOUTS = {"estimate": 240.0, "compile": 120.0, "measure": 120.0}
+# The models the search rows run by default (``--models`` names others).
+SEARCHED = ("gpt2-bf16", "tiny-torch-mlp")
+# Seconds a child may take: an estimate (several sizes), a compilation, a measured step, an estimate
+# and the search after it, one size's truth.
+TIMEOUTS = {"estimate": 240.0, "compile": 120.0, "measure": 120.0, "search": 360.0, "truth": 120.0}
+# Calls of the step in each process that measures the truth: the first makes the optimizer's state.
+TRUTH_CALLS = 3
+# Fresh processes the truth may take per model, each at one size.
+TRUTH_PROBES = 6
 
 
 # --- the steps (built in a child; the same code for the estimate and the measurement) -----------------
@@ -233,7 +252,6 @@ def child_measure_torch(job: dict[str, Any]) -> dict[str, Any]:
             "measured_reserved": torch.cuda.max_memory_reserved(),
         }
     from unimem.backends.torch._recorder import Phases, make_recorder
-
     from unimem.estimate.trace import replay
     from unimem.step_estimates import Trace
 
@@ -280,11 +298,113 @@ def child_measure_jax(job: dict[str, Any]) -> dict[str, Any]:
     return {"measured_peak": after, "peak_before_run": before, "load_seconds": seconds, "measured_reserved": None}
 
 
+class HostTally:
+    """On the CPU (the smoke), each call's peak of bytes in use, counted by the estimate's tracker in
+    exact bytes: a recorder over the whole process from before the model is built, read from where
+    the call began (``measure=`` for the search)."""
+
+    def __init__(self) -> None:
+        from unimem.backends.torch._recorder import Phases, make_recorder
+        from unimem.step_estimates import Trace
+
+        self.trace = Trace(caching=False)
+        self.recorder = make_recorder(self.trace, Phases())
+        self.began = 0
+
+    def call(self, step: Callable[[int], Any], n: int) -> None:
+        self.began = len(self.trace.events)
+        step(n)
+
+    def peak(self) -> int:
+        from unimem.estimate.trace import replay
+        from unimem.step_estimates import Trace
+
+        events = self.trace.events
+        return replay(Trace(events, self.trace.categories, self.began, caching=False)).peak
+
+
+def _trial(trial: Any) -> dict[str, Any]:
+    keys = ("batch_size", "fits", "reason", "peak", "peak_reserved", "predicted", "seconds", "error")
+    return {key: getattr(trial, key) for key in keys}
+
+
+def child_search_torch(job: dict[str, Any]) -> dict[str, Any]:
+    """The estimate under the cap, then the batch search sized from it on the real model."""
+    import unimem
+
+    spec, device, cap = job["spec"], job["device"], job["cap"]
+    if device == "cuda":
+        unimem.configure(backend="torch", limit=cap)  # the cap the step runs under, set before CUDA starts
+    build = torch_build(spec["net"], spec["precision"], spec["saver"], device)
+    began = time.perf_counter()
+    estimate = unimem.estimate_memory(build, spec["start"], target=cap, backend="torch", device=device,
+                                      max_runs=job["max_runs"])  # fmt: skip
+    estimated = time.perf_counter() - began
+    if estimate.largest is None:
+        return {"error": f"no batch size fits {cap} by the estimate", "estimate_sizes": sorted(estimate.sizes)}
+    tally = HostTally() if device == "cpu" else None
+    with tally.recorder if tally is not None else contextlib.nullcontext():
+        step = build()
+        began = time.perf_counter()
+        if tally is None:
+            found = unimem.find_batch_size(step, start=estimate.largest, lower=estimate, backend="torch",
+                                           return_trials=True)  # fmt: skip
+        else:  # nothing holds the CPU to the cap: the tracker's peaks are held to it
+            found = unimem.find_batch_size(lambda n: tally.call(step, n), start=estimate.largest,
+                                           lower=estimate, backend="torch", limit=cap, measure=tally.peak,
+                                           return_trials=True)  # fmt: skip
+    return {
+        "estimate_largest": estimate.largest, "estimate_above": estimate.above,
+        "estimate_seconds": round(estimated, 2), "estimate_sizes": sorted(estimate.sizes),
+        "found": found.batch_size, "step_calls": found.step_calls, "failed_calls": found.failed_calls,
+        "converged": found.converged, "search_seconds": round(time.perf_counter() - began, 2),
+        "compile_calls": found.compile_calls, "limit": found.limit,
+        "trials": [_trial(t) for t in (*found.trials, *found.confirmations)], "notes": list(found.notes),
+    }  # fmt: skip
+
+
+def child_truth_torch(job: dict[str, Any]) -> dict[str, Any]:
+    """One size of the search's step in a fresh process under the same cap: ``TRUTH_CALLS`` calls, and
+    whether every one ran (on the CPU: whether each peaked within the cap, by the tracker)."""
+    import torch
+
+    import unimem
+
+    spec, n, device = job["spec"], job["batch"], job["device"]
+    if device == "cuda":
+        unimem.configure(backend="torch", limit=job["cap"])
+    torch.manual_seed(0)
+    build = torch_build(spec["net"], spec["precision"], spec["saver"], device)
+    tally = HostTally() if device == "cpu" else None
+    peaks: list[int] = []
+    with tally.recorder if tally is not None else contextlib.nullcontext():
+        step = build()
+        for _ in range(TRUTH_CALLS):
+            try:
+                if tally is not None:
+                    tally.call(step, n)
+                    peaks.append(tally.peak())
+                else:
+                    torch.cuda.reset_peak_memory_stats()
+                    step(n)
+                    torch.cuda.synchronize()
+                    peaks.append(torch.cuda.max_memory_allocated())
+            except Exception as exc:
+                if not unimem.is_oom(exc):
+                    raise
+                return {"runs": False, "peaks": peaks, "error": str(exc).strip().splitlines()[0][:200]}
+    runs = device != "cpu" or max(peaks) <= unimem.parse_size(job["cap"])
+    reserved = torch.cuda.max_memory_reserved() if device == "cuda" else None
+    return {"runs": runs, "peaks": peaks, "last_reserved": reserved, "error": None if runs else "past the cap"}
+
+
 CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "estimate": child_estimate,
     "measure-torch": child_measure_torch,
     "compile-jax": child_compile_jax,
     "measure-jax": child_measure_jax,
+    "search-torch": child_search_torch,
+    "truth-torch": child_truth_torch,
 }
 
 
@@ -357,10 +477,79 @@ def _gpu_sizes() -> dict[str, list[int]]:
     return sizes
 
 
-# Each kind of row and what makes it; the batch search's rows (kind "search") are added here.
+def bracket(runs: Callable[[int], dict[str, Any]], answer: int, most: int = TRUTH_PROBES) -> dict[str, Any]:
+    """The largest size that runs, probed around ``answer`` (``runs(n)``: one fresh process's outcome):
+    down from the answer until one runs, then up from the largest that ran until one does not, in at
+    most ``most`` probes. ``true_max`` is None where the probes ran out before both sides were seen."""
+    probes: dict[int, dict[str, Any]] = {}
+    size = answer
+    while len(probes) < most and size >= 1:
+        probes[size] = runs(size)
+        if probes[size]["runs"]:
+            break
+        size -= 1
+    ran = max((n for n, p in probes.items() if p["runs"]), default=0)
+    size = ran + 1
+    while ran and len(probes) < most and size not in probes:
+        probes[size] = runs(size)
+        if not probes[size]["runs"]:
+            break
+        ran, size = size, size + 1
+    top = ran if ran and ran + 1 in probes and not probes[ran + 1]["runs"] else None
+    return {"probes": [{"batch": n, **probes[n]} for n in sorted(probes)], "true_max": top}
+
+
+def search_row(name: str, spec: dict[str, Any], found: dict[str, Any], truth: dict[str, Any], cap: str) -> dict:
+    """One search row: the estimate, the search and the truth; ``share`` is the answer over the truth."""
+    top = truth["true_max"]
+    share = round(found["found"] / top, 4) if top else None
+    meets = bool(share is not None and share >= 0.97 and found["step_calls"] <= 2 and found["failed_calls"] == 0)
+    return {"kind": "search", "model": name, "framework": spec["framework"], "precision": spec["precision"] or "fp32",
+            "saver": spec["saver"] or "none", "cap": cap, **found, **truth, "share": share,
+            "meets": meets}  # fmt: skip
+
+
+def _truth(job: dict[str, Any], cpu_only: bool, n: int) -> dict[str, Any]:
+    return _run(dict(job, what="truth-torch", batch=n), cpu_only)
+
+
+def search_rows(models: dict[str, dict[str, Any]], args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Per torch model (``SEARCHED`` unless ``--models`` names them): the search sized from the estimate
+    under the cap, then the truth around its answer, each in fresh processes."""
+    chosen = {n: s for n, s in models.items() if s["framework"] == "torch" and (args.models or n in SEARCHED)}
+    deadline = time.monotonic() + args.budget
+    for name, spec in chosen.items():
+        if time.monotonic() > deadline:
+            result["skipped"].append({"kind": "search", "model": name, "why": f"the budget of {args.budget:.0f} s"})
+            continue
+        device = "cpu" if args.smoke else "cuda"
+        job = {"spec": spec, "device": device, "cap": args.cap, "max_runs": args.max_runs, "name": name}
+        found = _run(dict(job, what="search-torch"), args.cpu_only)
+        if "error" in found:
+            result["skipped"].append({"kind": "search", "model": name, "why": found})
+            continue
+        truth = bracket(partial(_truth, job, args.cpu_only), found["found"])
+        result["rows"].append(search_row(name, spec, found, truth, args.cap))
+        benchlib.write(result, args.out)
+
+
+# Each kind of row and what makes it.
 ROWS: dict[str, Callable[[dict[str, dict[str, Any]], argparse.Namespace, dict[str, Any]], None]] = {
     "estimate": estimate_rows,
+    "search": search_rows,
 }
+
+
+def keep_other_kinds(result: dict[str, Any], before: dict[str, Any] | None, kinds: list[str]) -> None:
+    """The rows of ``before`` (the file written earlier) of kinds this run does not make, kept; and
+    where this run makes no estimate rows, the estimate's ``largest`` and ``skipped`` entries too."""
+    if before is None:
+        return
+    result["rows"] = [r for r in before.get("rows", []) if r.get("kind") not in kinds] + result["rows"]
+    if "estimate" not in kinds:
+        result["largest"] = before.get("largest", {}) | result["largest"]
+        result["skipped"] = [s for s in before.get("skipped", []) if s.get("kind", "estimate") not in kinds]
+    benchlib.add_source(result, before, f"kinds {', '.join(kinds)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,8 +585,13 @@ def main(argv: list[str] | None = None) -> int:
         "largest": {},
         "skipped": [],
     }
+    kinds = args.kinds.split(",")
+    unknown = [kind for kind in kinds if kind not in ROWS]
+    if unknown:
+        parser.error(f"--kinds: {', '.join(unknown)} unknown (the kinds: {', '.join(ROWS)})")
+    keep_other_kinds(result, benchlib.earlier(out), kinds)
     started = time.monotonic()
-    for kind in args.kinds.split(","):
+    for kind in kinds:
         ROWS[kind](models, args, result)
     result["seconds"] = round(time.monotonic() - started, 1)
     benchlib.write(result, out)
