@@ -345,7 +345,6 @@ def child_search_torch(job: dict[str, Any]) -> dict[str, Any]:
     tally = HostTally() if device == "cpu" else None
     with tally.recorder if tally is not None else contextlib.nullcontext():
         step = build()
-        began = time.perf_counter()
         if tally is None:
             found = unimem.find_batch_size(step, start=estimate.largest, lower=estimate, backend="torch",
                                            return_trials=True)  # fmt: skip
@@ -357,9 +356,10 @@ def child_search_torch(job: dict[str, Any]) -> dict[str, Any]:
         "estimate_largest": estimate.largest, "estimate_above": estimate.above,
         "estimate_seconds": round(estimated, 2), "estimate_sizes": sorted(estimate.sizes),
         "found": found.batch_size, "step_calls": found.step_calls, "failed_calls": found.failed_calls,
-        "converged": found.converged, "search_seconds": round(time.perf_counter() - began, 2),
+        "converged": found.converged, "search_seconds": round(found.seconds, 2),
         "compile_calls": found.compile_calls, "limit": found.limit,
         "trials": [_trial(t) for t in (*found.trials, *found.confirmations)], "notes": list(found.notes),
+        "predicted": estimate.sizes[found.batch_size].as_dict() if found.batch_size in estimate.sizes else None,
     }  # fmt: skip
 
 
@@ -394,8 +394,8 @@ def child_truth_torch(job: dict[str, Any]) -> dict[str, Any]:
                     raise
                 return {"runs": False, "peaks": peaks, "error": str(exc).strip().splitlines()[0][:200]}
     runs = device != "cpu" or max(peaks) <= unimem.parse_size(job["cap"])
-    reserved = torch.cuda.max_memory_reserved() if device == "cuda" else None
-    return {"runs": runs, "peaks": peaks, "last_reserved": reserved, "error": None if runs else "past the cap"}
+    reserved = torch.cuda.max_memory_reserved() if device == "cuda" else None  # over the three calls
+    return {"runs": runs, "peaks": peaks, "peak_reserved": reserved, "error": None if runs else "past the cap"}
 
 
 CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
