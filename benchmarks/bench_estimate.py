@@ -252,6 +252,7 @@ def child_measure_torch(job: dict[str, Any]) -> dict[str, Any]:
             "measured_reserved": torch.cuda.max_memory_reserved(),
         }
     from unimem.backends.torch._recorder import Phases, make_recorder
+
     from unimem.estimate.trace import replay
     from unimem.step_estimates import Trace
 
@@ -305,6 +306,7 @@ class HostTally:
 
     def __init__(self) -> None:
         from unimem.backends.torch._recorder import Phases, make_recorder
+
         from unimem.step_estimates import Trace
 
         self.trace = Trace(caching=False)
