@@ -112,7 +112,8 @@ class MemoryEstimate:
     """Predicted peaks of a training step, per batch size, found without allocating them.
 
     ``str()`` is a table; in a rich console the same table renders as one. ``peak_at(n)`` predicts
-    any other size (usable as ``unimem.find_batch_size(..., lower=estimate.peak_at)``).
+    any other size. ``unimem.find_batch_size(..., lower=estimate)`` sizes the batch search from it:
+    for torch, two calls at the largest size it says fits confirm it.
 
     Attributes:
         backend (str): The framework that sized the step.
