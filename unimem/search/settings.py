@@ -7,7 +7,7 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from unimem import registry
 from unimem.errors import ConfigError
@@ -161,7 +161,7 @@ def _check_lower(lower: object) -> Callable[[int], Any] | MemoryEstimate | None:
             "expected None, an estimate (unimem.estimate_memory's result) or a callable lower(batch_size) "
             f"returning the lowered step or its peak bytes, got {lower!r}",
         )
-    return lower  # type: ignore[return-value]
+    return cast("Callable[[int], Any] | MemoryEstimate | None", lower)
 
 
 def _check_bytes(limit: object, baseline: object) -> tuple[int | None, int | None]:
