@@ -464,6 +464,32 @@ def test_max_size_bounds_the_answer() -> None:
     assert search.trials[-1].reason == "upper-bound"
 
 
+@pytest.mark.parametrize(
+    ("fixed", "per_sample", "start"),
+    [(1 << 30, 7 << 28, start) for start in (1, 2, 8)] + [(4 << 30, 200 << 20, start) for start in (1, 2, 8, 64)],
+)
+def test_max_size_far_above_the_answer_is_no_evidence_memory_reaches_it(
+    fixed: int, per_sample: int, start: int
+) -> None:
+    # As a trainer passes its data set's size: GPT-2 small (1.75 GiB a sample) under a 24 GiB cap on an
+    # H200, max_size=4096, tried 192, 41 and 18, each out of memory, before settling at 12. max_size
+    # bounds the answer; it is no evidence that memory reaches it.
+    held = 1 << 30
+    step = Need(held + fixed, per_sample, 24 << 30)
+    search = unimem.find_batch_size(
+        step,
+        backend="nvml",
+        start=start,
+        max_size=4096,
+        measure=step.measure,
+        limit=step.cap,
+        baseline=held,
+        return_trials=True,
+    )
+    assert search.step_calls <= 6 and search.failed_calls <= 1, str(search)
+    assert 0.95 * step.true_max <= search.batch_size <= step.true_max, str(search)
+
+
 def test_batch_size_one_not_fitting_raises_out_of_memory_with_a_report() -> None:
     with pytest.raises(unimem.OutOfMemory) as info:
         unimem.find_batch_size(Need(10, 1, 5), backend="nvml", start=4)

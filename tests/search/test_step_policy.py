@@ -4,6 +4,7 @@ gathered (``unimem.search.regimes``), so each rule is checked on the few figures
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -47,6 +48,32 @@ def test_growing_over_a_plateau_of_fixed_costs_squares_its_ratio() -> None:
 
 def test_max_size_in_reach_is_tried_itself() -> None:
     assert next_size(_evidence(max_size=150, high=150)) == Step(150, "upper-bound")
+
+
+def test_max_size_far_above_the_sure_bound_is_no_evidence_memory_reaches_it() -> None:
+    # GPT-2 under 24 GiB, the dataset's 4096 samples as max_size: after 2 ran, the sure step (9) as without
+    # max_size, not the geometric mean of 9 and 4096 (192, which failed, then 41 and 18 did).
+    for figures in ({"good": 2, "safe": 10}, {"safe": 1000}, {"safe": 1000, "flat": 2.0}):
+        unbounded = next_size(_evidence(**figures))
+        assert next_size(_evidence(**figures, max_size=4096, high=4096)) == unbounded, figures
+    assert next_size(_evidence(good=2, safe=10, max_size=4096, high=4096)) == Step(9, "safe-jump")
+    # The step capped at max_size: a stride over a plateau of fixed costs.
+    assert next_size(_evidence(safe=200, flat=3.0, max_size=800, high=800)) == Step(800, "grow")
+
+
+def test_no_bracket_under_max_size_alone_stalls() -> None:
+    # Sure steps from below leave a bracket up to max_size more than half as wide: no stall, no
+    # bisection towards max_size (sqrt(34 x 4096) = 373); the line's answer, as without max_size.
+    line = _evidence(good=34, safe=73, predicted=97, stalled=True)
+    assert next_size(replace(line, max_size=4096, high=4096)) == next_size(line) == Step(94, "predict")
+    # A failure makes it a bracket: then it stalls.
+    assert next_size(replace(line, bad=4096, high=4095)) == Step(math.floor(math.sqrt(34 * 4095)), "bisect")
+
+
+def test_a_sure_bound_past_max_size_tries_max_size_itself() -> None:
+    assert next_size(_evidence(good=4, safe=1000, max_size=500, high=500)) == Step(500, "upper-bound")
+    # A failure refuted the limit the sure bound was measured against: no such shortcut then.
+    assert next_size(_evidence(good=4, bad=600, safe=1000, max_size=500, high=500)).size < 500
 
 
 def test_a_trusted_line_is_extrapolated_to_just_under_its_answer() -> None:

@@ -9,9 +9,10 @@ plateau, a knee, a climb past flat peaks, a costly failure, a stalled bracket). 
 - ``halve``: nothing ran yet;
 - ``close_after_filling``: the largest size that ran took about all the room a pool grown in
   regions has left (JAX with growth on): the size whose failure ends the search;
-- ``grow``: nothing above is known (no failure, no bound, no line): double, take the sure step, or
+- ``grow``: nothing above is known (no failure, no bound, no line), or only ``max_size`` far above the
+  sure bound (a bound on the answer, no evidence memory reaches it): double, take the sure step, or
   stride over a plateau of fixed costs;
-- ``reach_max_size``: ``max_size`` is within reach;
+- ``reach_max_size``: ``max_size`` is within reach, or the sure bound covers it;
 - ``extrapolate``: the line's answer is a point estimate: just under it;
 - ``safe_jump``: the sure bound is a step up, and the answer not far above it;
 - ``bisect``: the estimates are far apart, or a failure refuted the line: the bracket split in
@@ -126,7 +127,7 @@ def next_size(e: Evidence) -> Step:
     est = estimates(e)
     size, reason = _place(e, est)
     size, reason = _at_the_edge(e, est.high, size, reason)
-    if e.high is not None and reason != "close" and e.stalled:
+    if e.high is not None and reason != "close" and e.stalled and not _max_size_alone(e):
         # The close step is exempt: it ends the search if it fails, and gains the margin if not.
         size, reason = unstall(e)
     if e.host_growth is not None:
@@ -138,7 +139,7 @@ def _place(e: Evidence, est: Estimates) -> tuple[int, str]:
     """The size the measured regime places. The answer lies between the lower estimate and the upper
     one: above nothing known, grow; the user's bound in reach, take it; a trusted line, aim under it;
     the sure bound a step up, take it; else bisect between them."""
-    if est.top is None:
+    if est.top is None or _only_max_size_far_above(e, est):
         return grow(e, est)
     if e.bad is None and est.top == e.max_size and (est.trusted or 2 * est.low >= est.top):
         return reach_max_size(est)
@@ -153,6 +154,21 @@ def _place(e: Evidence, est: Estimates) -> tuple[int, str]:
     ):
         return safe_jump(est)
     return bisect(e, est)
+
+
+def _max_size_alone(e: Evidence) -> bool:
+    """Whether nothing failed and no bound but ``max_size`` lies above ``good``. ``max_size`` limits the
+    answer and is no evidence that memory reaches it: no bracket under it stalls, and no step is placed
+    from it that would not be placed without it."""
+    return e.bad is None and e.max_size is not None and e.high == e.max_size
+
+
+def _only_max_size_far_above(e: Evidence, est: Estimates) -> bool:
+    """Whether ``max_size`` alone bounds the answer (``_max_size_alone``), the line gives no answer, and
+    it lies more than 4 times above the sure step: the step taken without it, the sure step (a
+    geometric mean of the sure step and a data set's size overshot GPT-2's answer many times over)."""
+    far = e.max_size is not None and e.max_size > 4 * est.low
+    return far and _max_size_alone(e) and e.predicted is None and est.safe is not None
 
 
 def _at_the_edge(e: Evidence, high: int | None, size: int, reason: str) -> tuple[int, str]:
@@ -182,6 +198,8 @@ def estimates(e: Evidence) -> Estimates:
     if e.safe is not None and (high is None or e.safe * (1 - e.margin / 2) < high):
         # A failure at or below the sure bound refutes it (the limit was optimistic).
         low, safe = max(e.good, math.floor(e.safe * (1 - e.margin / 2))), e.safe
+    elif e.safe is not None and e.bad is None and high is not None:
+        low = max(e.good, high)  # nothing failed, and the sure bound covers ``max_size``: it surely fits
     predicted = e.predicted
     trusted = (
         predicted is not None
@@ -226,7 +244,8 @@ def grow(e: Evidence, est: Estimates) -> tuple[int, str]:
 
 
 def reach_max_size(est: Estimates) -> tuple[int, str]:
-    """Nothing failed and ``max_size`` is the upper estimate, trusted or within twice the lower one."""
+    """Nothing failed and ``max_size`` is the upper estimate, trusted or within twice the lower one (the
+    sure bound covering it)."""
     assert est.top is not None
     return est.top, "upper-bound"
 
