@@ -99,6 +99,16 @@ def test_no_second_small_sure_step_in_a_row() -> None:
     )
 
 
+def test_a_line_that_missed_by_a_size_aims_at_the_top_of_the_bracket() -> None:
+    # 2 and 9 ran, the line's size 13 failed, refuting the sure bound and the line: bisecting in size
+    # would try 10, 11 and 12. Where the line said 12 fits with the margin to spare, 12 itself.
+    missed = _evidence(good=9, bad=13, high=12, linear=True)
+    assert next_size(missed) == Step(10, "bisect")
+    assert next_size(replace(missed, line_with_margin=12)) == Step(12, "predict")
+    assert next_size(replace(missed, line_with_margin=14)) == Step(12, "predict")  # within every bound
+    assert next_size(replace(missed, line_with_margin=11)) == Step(10, "bisect")  # the evidence falls short
+
+
 def test_a_bracket_is_bisected_in_log_size() -> None:
     assert next_size(_evidence(bad=1000, high=999)) == Step(math.floor(math.sqrt(100 * 999)), "bisect")
 
@@ -155,6 +165,7 @@ def test_every_bound_holds_the_size() -> None:
     above=st.integers(2, 10**6),
     predicted=st.none() | st.integers(0, 10**7),
     safe=st.none() | st.integers(0, 10**7),
+    missed=st.none() | st.integers(0, 10**7),
     flags=st.lists(st.booleans(), min_size=7, max_size=7),
     flat=st.sampled_from([0.0, 1.5, 4.0]),
     climb=st.integers(0, 5),
@@ -166,6 +177,7 @@ def test_every_measured_step_lies_above_good_and_within_the_bounds(
     above: int,
     predicted: int | None,
     safe: int | None,
+    missed: int | None,
     flags: list[bool],
     flat: float,
     climb: int,
@@ -193,6 +205,7 @@ def test_every_measured_step_lies_above_good_and_within_the_bounds(
         climb=climb,
         peaked=good,
         stalled=stalled,
+        line_with_margin=missed,
     )
     step = next_size(evidence)
     assert good < step.size <= high and step.relies

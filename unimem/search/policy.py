@@ -5,6 +5,8 @@ evidence the trials gathered (``Evidence``), by the rule of the regime it shows
 
 from __future__ import annotations
 
+import math
+
 from unimem.search.findings import Findings, failures_costly, rely, withdraw_sure_refutation
 from unimem.search.host_limit import GROWTH as HOST_GROWTH
 from unimem.search.limit import bytes_of
@@ -74,8 +76,18 @@ def evidence(run: Run, filled_room: bool = False) -> Evidence:
         peaked=peaked,
         stalled=stalled(found.brackets, linear),
         filled_room=filled_room,
+        line_with_margin=_line_with_margin(found, usable, settings.margin),
         host_growth=HOST_GROWTH if run.start.host is not None else None,
     )
+
+
+def _line_with_margin(found: Findings, usable: int | None, margin: float) -> int | None:
+    """Where the last trial, placed just under the line's answer, failed: the largest size the line
+    says fits with the margin to spare, the bytes it leaves under the limit (None otherwise)."""
+    last = found.trials[-1]
+    if last.fits or last.reason != "predict" or usable is None:
+        return None
+    return predict(found.line, math.floor((1 - margin) * usable))
 
 
 def _streak(found: Findings) -> int:

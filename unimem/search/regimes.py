@@ -13,6 +13,8 @@ plateau, a knee, a climb past flat peaks, a costly failure, a stalled bracket). 
   sure bound (a bound on the answer, no evidence memory reaches it): double, take the sure step, or
   stride over a plateau of fixed costs;
 - ``reach_max_size``: ``max_size`` is within reach, or the sure bound covers it;
+- ``under_the_miss``: the size the line placed failed, and the line says the bracket's top fits with the
+  margin to spare: that top;
 - ``extrapolate``: the line's answer is a point estimate: just under it;
 - ``safe_jump``: the sure bound is a step up, and the answer not far above it;
 - ``bisect``: the estimates are far apart, or a failure refuted the line: the bracket split in
@@ -51,6 +53,7 @@ __all__ = [
     "reach_max_size",
     "safe_jump",
     "saturate",
+    "under_the_miss",
     "unstall",
 ]
 
@@ -92,6 +95,9 @@ class Evidence:
     peaked: int = 0
     stalled: bool = False  # the last two trials left the bracket more than half as wide (``rules.stalled``)
     filled_room: bool = False  # the largest size that ran took about all the room a pool grown in regions left
+    # Where the last trial, placed just under the line's answer, failed: the largest size the line says
+    # fits with the margin to spare (None otherwise).
+    line_with_margin: int | None = None
     host_growth: int | None = None  # on a host without device figures: the most a size grows past ``good``
 
 
@@ -143,6 +149,8 @@ def _place(e: Evidence, est: Estimates) -> tuple[int, str]:
         return grow(e, est)
     if e.bad is None and est.top == e.max_size and (est.trusted or 2 * est.low >= est.top):
         return reach_max_size(est)
+    if e.line_with_margin is not None and e.bad is not None and e.good < est.top <= e.line_with_margin:
+        return under_the_miss(est)
     if est.aimed and est.trusted:
         return extrapolate(e, est)
     # Not for a second small step in a row: a sure bound that a fixed part keeps loose creeps up a few
@@ -248,6 +256,14 @@ def reach_max_size(est: Estimates) -> tuple[int, str]:
     sure bound covering it)."""
     assert est.top is not None
     return est.top, "upper-bound"
+
+
+def under_the_miss(est: Estimates) -> tuple[int, str]:
+    """The size the line placed failed, just above the bracket's top: where the line says that top fits
+    with the margin to spare (each sample a large share of the room), it missed by about a size, so that
+    top (one trial that ends the search if it fits, where a bisection takes one a size)."""
+    assert est.top is not None
+    return est.top, "predict"
 
 
 def extrapolate(e: Evidence, est: Estimates) -> tuple[int, str]:
