@@ -31,6 +31,17 @@ def test_a_filled_pool_grown_in_regions_tries_the_size_that_ends_the_search() ->
     assert next_size(_evidence(good=1000, filled_room=True, high=1040)).size == 1040  # within every bound
 
 
+def test_a_room_filled_within_its_count_is_passed_by_two_margins_then_closed() -> None:
+    # The room counts all a step adds as one piece; only its largest buffer needs one. A first size that
+    # filled it with its peak within that count, nothing failed: two margins past it (the Flax MLP on an
+    # H200 ran more than two past such a size), then the size whose failure ends the search.
+    first = _evidence(good=1000, filled_room=True, within_room=True)
+    assert next_size(first) == Step(closing(1000, MARGIN, 2), "past-room", relies=False)
+    assert next_size(replace(first, refilled=True)) == Step(closing(1000, MARGIN), "close", relies=False)
+    assert next_size(replace(first, bad=2000, high=1999)) == Step(closing(1000, MARGIN), "close", relies=False)
+    assert next_size(replace(first, high=1080)).size == 1080  # within every bound
+
+
 def test_growing_before_any_bound_doubles() -> None:
     assert next_size(_evidence()) == Step(200, "grow")
 

@@ -76,6 +76,8 @@ def evidence(run: Run, filled_room: bool = False) -> Evidence:
         peaked=peaked,
         stalled=stalled(found.brackets, linear),
         filled_room=filled_room,
+        within_room=filled_room and _within_room(run),
+        refilled=last.reason in ("close", "past-room"),
         line_with_margin=_line_with_margin(found, usable, settings.margin),
         host_growth=HOST_GROWTH if run.start.host is not None else None,
     )
@@ -122,17 +124,25 @@ def _grows_in_regions(run: Run) -> bool:
 
 def _filled_the_room(run: Run) -> bool:
     """In a pool grown in regions: whether the largest size that ran took about all the room left.
-    A failed call took regions from the pool (its compilation's autotuning, its temporaries) and kept
-    them: the room left for one buffer is read again first, and the failure refuted the sure bound
-    only as it stood against the room before; one above it is capped by it."""
+    Every call took regions from the pool (its compilation's autotuning, its temporaries) and kept
+    them: the room left for one buffer is read again first (a sure step against the room as it was
+    before they were taken overshoots: docs/measurements.md, "A step policy for max_size and a growing
+    pool"). A failure refuted the sure bound only as it stood against the room before; one above it is
+    capped by it."""
     found = run.findings
     last = found.trials[-1]
-    if not last.fits and reread_capacity(run) and found.sure_refuted:
+    if reread_capacity(run) and not last.fits and found.sure_refuted:
         withdraw_sure_refutation(found)
     limit = bytes_of(run.limit)
     room = None if limit is None else (1 - run.settings.margin) * (limit - found.kept_total)
     took_it = last.peak is not None and room is not None and last.peak >= room
     return last.fits and last.batch_size == found.good and took_it
+
+
+def _within_room(run: Run) -> bool:
+    """Whether the last size's peak stayed within the room as the framework counts it."""
+    limit, peak = bytes_of(run.limit), run.findings.trials[-1].peak
+    return peak is not None and limit is not None and peak <= limit - run.findings.kept_total
 
 
 def call_budget(run: Run) -> int:

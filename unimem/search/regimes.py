@@ -8,7 +8,9 @@ plateau, a knee, a climb past flat peaks, a costly failure, a stalled bracket). 
 
 - ``halve``: nothing ran yet;
 - ``close_after_filling``: the largest size that ran took about all the room a pool grown in
-  regions has left (JAX with growth on): the size whose failure ends the search;
+  regions has left (JAX with growth on), as the room counts it (all a step adds in one piece, where
+  only its largest buffer needs one): two margins past the first such size while nothing failed, else
+  the size whose failure ends the search;
 - ``grow``: nothing above is known (no failure, no bound, no line), or only ``max_size`` far above the
   sure bound (a bound on the answer, no evidence memory reaches it): double, take the sure step, or
   stride over a plateau of fixed costs;
@@ -95,6 +97,10 @@ class Evidence:
     peaked: int = 0
     stalled: bool = False  # the last two trials left the bracket more than half as wide (``rules.stalled``)
     filled_room: bool = False  # the largest size that ran took about all the room a pool grown in regions left
+    # Where it did: its peak stayed within the room as the framework counts it (all a step adds in one
+    # piece), and whether the last size was itself placed past a size that filled it, or at the edge.
+    within_room: bool = False
+    refilled: bool = False
     # Where the last trial, placed just under the line's answer, failed: the largest size the line says
     # fits with the margin to spare (None otherwise).
     line_with_margin: int | None = None
@@ -234,10 +240,17 @@ def halve(e: Evidence) -> Step:
 
 
 def close_after_filling(e: Evidence) -> Step:
-    """The largest size that ran took about all the room a pool grown in regions has left: the size
-    whose failure ends the search (a failure costs seconds there), within every bound."""
-    size = closing(e.good, e.margin)
-    return Step(size if e.high is None else min(size, e.high), "close", relies=False)
+    """The largest size that ran took about all the room a pool grown in regions has left, as the room
+    counts it: all a step adds in one piece, where only its largest buffer needs one (XLA's temporaries;
+    the step's inputs and outputs lie beside it). The first such size, its peak within that count and
+    nothing failed, leaves room beside the piece: two margins past it (a Flax MLP on an H200 ran more
+    than two past such a size); if that fails, the next size ends the search, two failures at most. Else
+    the size whose failure ends the search (a failure costs seconds there). Within every bound."""
+    if e.within_room and not e.refilled and e.bad is None:
+        size, reason = closing(e.good, e.margin, 2), "past-room"
+    else:
+        size, reason = closing(e.good, e.margin), "close"
+    return Step(size if e.high is None else min(size, e.high), reason, relies=False)
 
 
 def grow(e: Evidence, est: Estimates) -> tuple[int, str]:

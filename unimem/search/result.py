@@ -24,7 +24,7 @@ class Trial:
         peak (int | None): Bytes the trial used at its peak; None when unknown.
         seconds (float): How long the call took.
         reason (str): Why this size was tried: ``start``, ``grow``, ``halve``,
-            ``safe-jump``, ``predict``, ``predict-far``, ``close``, ``saturated``,
+            ``safe-jump``, ``predict``, ``predict-far``, ``close``, ``past-room``, ``saturated``,
             ``bisect``, ``upper-bound``; with ``lower=`` also ``predicted``,
             ``predicted-below``, ``predicted-split``, and ``steady`` (the predicted size
             again, confirming predictions given in bytes); after the search ``confirm`` or
@@ -43,7 +43,7 @@ class Trial:
     fits: bool
     peak: int | None  # bytes the trial used at its peak; None when unknown
     seconds: float
-    reason: str  # start, grow, halve, safe-jump, predict, predict-far, close, saturated, bisect, upper-bound,
+    reason: str  # start, grow, halve, safe-jump, predict, predict-far, close, past-room, saturated, bisect, upper-bound,
     # predicted, predicted-below, predicted-split, steady (with lower=); confirm, settle (after the search)
     error: str | None = None  # the out-of-memory message's first line when it did not fit
     peak_reserved: int | None = None  # torch: the pool's peak in the same trial
