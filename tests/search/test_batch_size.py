@@ -378,6 +378,28 @@ class ConvexNeed(FixedPlusPerSample):
         return self.held + max(self.floor + self.floor_per_sample * n, self.fixed + self.per_sample * n)
 
 
+def test_a_bracket_up_to_max_size_alone_never_stalls_the_search() -> None:
+    # A convex need of benchmarks/bench_search_shapes.py (seed 0; the largest size 51121) with max_size
+    # 16 times that. The sure steps from below up to max_size are no stalled bracket: after the failures
+    # above the answer the search takes the sure step as it does without max_size, not a bisection.
+    step = ConvexNeed(14_050_410_342, 401_202_425, 2_172_098, 1_907_499_492, 72_403, 125_491_434_625)
+    unbounded, bounded = (
+        unimem.find_batch_size(
+            step,
+            backend="nvml",
+            start=8,
+            measure=step.measure,
+            limit=step.cap,
+            baseline=step.held,
+            max_size=most,
+            return_trials=True,
+        )
+        for most in (None, 16 * 51121)
+    )
+    assert len(bounded.trials) <= len(unbounded.trials), (str(bounded), str(unbounded))
+    assert bounded.failed_calls <= unbounded.failed_calls and bounded.batch_size == unbounded.batch_size
+
+
 @pytest.mark.slow
 def test_the_h200_benchmark_shape_takes_six_trials_from_its_start() -> None:
     # The peaks an H200 showed for benchmarks/bench_batch_size.py's torch MLP under a 2% cap

@@ -74,7 +74,8 @@ def evidence(run: Run, filled_room: bool = False) -> Evidence:
         linear=linear,
         climb=climb,
         peaked=peaked,
-        stalled=stalled(found.brackets, linear),
+        # A bracket up to ``max_size`` alone is none: ``max_size`` is no evidence that memory reaches it.
+        stalled=stalled([(g, h) for g, h in found.brackets if h != settings.max_size], linear),
         filled_room=filled_room,
         within_room=filled_room and _within_room(run),
         refilled=last.reason in ("close", "past-room"),
