@@ -6,9 +6,13 @@ the batch's inputs beside them) and ``fixed + per_sample × n`` (the activations
 shape torch's training steps show on a GPU (docs/measurements.md). It fails past a cap set so that a random
 ``true_max`` is the largest that fits; the search gets the peaks through ``measure=`` and the
 held bytes as ``baseline=``, as it gets them from ``stats()`` on a GPU. Recorded: the histogram
-of trial counts, the share of cases within 6 and 8 trials, and any case outside the margin.
+of trial counts, the share of cases within 6 and 8 trials, the failed calls and the answer's share
+of the largest that fits (on average), and any case outside the margin. ``--max-size F`` passes
+each case ``max_size`` at F times its largest size (at least ``start``), as a trainer passes its
+data set's size: F < 1 bounds the answer, F > 1 lies above it.
 
     python benchmarks/bench_search_shapes.py --cases 3000 --seed 0 --out benchmarks/results
+    python benchmarks/bench_search_shapes.py --cases 3000 --seed 0 --max-size 16 --out /tmp/shapes.json
 """
 
 from __future__ import annotations
@@ -56,12 +60,13 @@ class ConvexStep:
         return low
 
 
-def run(cases: int, seed: int) -> dict[str, Any]:
+def run(cases: int, seed: int, max_size: float | None = None) -> dict[str, Any]:
     import unimem
 
     rng = random.Random(seed)
     counts: collections.Counter[int] = collections.Counter()
     calls: collections.Counter[int] = collections.Counter()  # every call of the step, re-runs included
+    failed, shares = 0, 0.0
     outside: list[dict[str, Any]] = []
     worst: dict[str, Any] | None = None
     done = 0
@@ -78,6 +83,7 @@ def run(cases: int, seed: int) -> dict[str, Any]:
         if step.need(start) > cap:
             continue
         largest = step.largest()
+        bound = None if max_size is None else max(start, int(max_size * largest))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", unimem.UnimemWarning)
             search = unimem.find_batch_size(
@@ -88,12 +94,16 @@ def run(cases: int, seed: int) -> dict[str, Any]:
                 limit=cap,
                 baseline=held,
                 max_trials=64,
+                max_size=bound,
                 return_trials=True,
             )
+        largest = largest if bound is None else min(largest, bound)
         done += 1
         trials = len(search.trials)
         counts[trials] += 1
         calls[search.step_calls] += 1
+        failed += search.failed_calls
+        shares += search.batch_size / largest
         case = {
             "start": start,
             "largest": largest,
@@ -107,6 +117,7 @@ def run(cases: int, seed: int) -> dict[str, Any]:
     return {
         "cases": cases,
         "seed": seed,
+        "max_size": max_size,
         "histogram": {str(k): counts[k] for k in sorted(counts)},
         "within_6_trials": sum(v for k, v in counts.items() if k <= 6) / cases,
         "within_8_trials": sum(v for k, v in counts.items() if k <= 8) / cases,
@@ -114,6 +125,8 @@ def run(cases: int, seed: int) -> dict[str, Any]:
         "calls_histogram": {str(k): calls[k] for k in sorted(calls)},
         "within_6_calls": sum(v for k, v in calls.items() if k <= 6) / cases,
         "most_calls": max(calls),
+        "failed_per_search": failed / cases,
+        "mean_share": shares / cases,
         "outside_the_margin": outside,
         "worst_case": worst,
     }
@@ -125,16 +138,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(HERE / "results"), help="folder (or .json file) for the results")
     parser.add_argument("--machine", default=None)
+    parser.add_argument("--max-size", type=float, default=None, help="max_size= as a multiple of each case's largest")
     args = parser.parse_args(argv)
     result = benchlib.header("search_shapes", args.machine, sys.argv)
-    result["results"] = run(args.cases, args.seed)
+    result["results"] = run(args.cases, args.seed, args.max_size)
     out = Path(args.out)
     benchlib.write(result, str(out if out.suffix == ".json" else out / "search_shapes-cpu.json"))
     summary = result["results"]
     print(
         f"{args.cases} cases: <= 6 trials {summary['within_6_trials']:.1%}, <= 8 trials "
         f"{summary['within_8_trials']:.1%}, most {summary['most_trials']}; every call counted: <= 6 "
-        f"{summary['within_6_calls']:.1%}, most {summary['most_calls']}; outside the margin "
+        f"{summary['within_6_calls']:.1%}, most {summary['most_calls']}; failed calls a search "
+        f"{summary['failed_per_search']:.3f}, mean share {summary['mean_share']:.4f}; outside the margin "
         f"{len(summary['outside_the_margin'])}; histogram {summary['histogram']}",
         file=sys.stderr,
     )
