@@ -43,8 +43,8 @@ class Trial:
     fits: bool
     peak: int | None  # bytes the trial used at its peak; None when unknown
     seconds: float
-    reason: str  # start, grow, halve, safe-jump, predict, predict-far, close, past-room, saturated, bisect, upper-bound,
-    # predicted, predicted-below, predicted-split, steady (with lower=); confirm, settle (after the search)
+    reason: str  # start, grow, halve, safe-jump, predict, predict-far, close, past-room, saturated, bisect,
+    # upper-bound; predicted, predicted-below, predicted-split, steady (with lower=); confirm, settle (after)
     error: str | None = None  # the out-of-memory message's first line when it did not fit
     peak_reserved: int | None = None  # torch: the pool's peak in the same trial
     # After a failure: bytes still in use once it was released, above those in use before
