@@ -32,6 +32,8 @@ __all__ = [
     "compile_lowered",
     "figures",
     "load_autotuned",
+    "peak_of",
+    "platform",
 ]
 
 # Platforms whose compilations take regions from a pool grown on demand (XLA autotunes there).
@@ -56,23 +58,42 @@ class FreshCompileError(RuntimeError):
 
 def figures(compiled: Any) -> dict[str, Any]:
     """The peak of a compiled step and XLA's memory-analysis fields, as plain data."""
-    from unimem import registry
-
     analysis = compiled.memory_analysis()
     fields = ("argument", "output", "alias", "temp", "generated_code")
     found: dict[str, Any] = {name: int(getattr(analysis, f"{name}_size_in_bytes", 0) or 0) for name in fields}
-    found["peak"] = registry.get_backend("jax").search.predict_peak(compiled)
-    found["platform"] = _platform(compiled)
+    found["platform"] = platform(compiled)
+    found["peak"] = peak_of(analysis, found["platform"])
     return found
 
 
-def _platform(compiled: Any) -> str | None:
+def platform(compiled: Any) -> str | None:
+    """The platform (``"cpu"``, ``"gpu"``, ``"cuda"``, ``"tpu"``) a compiled program is for; None for
+    what is not a compiled JAX stage."""
     import jax
 
-    for sharding in jax.tree_util.tree_leaves((compiled.input_shardings, compiled.output_shardings)):
+    try:
+        shardings = (compiled.input_shardings, compiled.output_shardings)
+    except AttributeError:  # not a compiled JAX stage: no platform to read
+        return None
+    for sharding in jax.tree_util.tree_leaves(shardings):
         for device in getattr(sharding, "device_set", ()):
             return str(device.platform)
     return None
+
+
+def peak_of(analysis: Any, on: str | None) -> int:
+    """The peak bytes of a program from XLA's memory analysis, compiled for platform ``on``. On a GPU
+    XLA's ``peak_memory_in_bytes`` is the peak of its buffer assignment; on the CPU that field counts
+    arguments and outputs only, while the temporaries are allocated too: there the peak is arguments +
+    outputs + temporaries - the bytes outputs alias from arguments."""
+    held = (
+        int(analysis.argument_size_in_bytes)
+        + int(analysis.output_size_in_bytes)
+        + int(analysis.temp_size_in_bytes)
+        - int(analysis.alias_size_in_bytes)
+    )
+    peak = int(getattr(analysis, "peak_memory_in_bytes", 0) or 0)
+    return held if on == "cpu" or peak <= 0 else peak
 
 
 def autotune_directory() -> str:
@@ -172,9 +193,7 @@ def child_compile(kind: str, donated: list[int], blob: bytes) -> dict[str, Any]:
     stats = executable.get_compiled_memory_stats()
     fields = ("argument", "output", "alias", "temp", "generated_code")
     found: dict[str, Any] = {name: int(getattr(stats, f"{name}_size_in_bytes", 0) or 0) for name in fields}
-    held = found["argument"] + found["output"] + found["temp"] - found["alias"]
-    peak = int(getattr(stats, "peak_memory_in_bytes", 0) or 0)
-    found["peak"] = held if device.platform == "cpu" or peak <= 0 else peak
+    found["peak"] = peak_of(stats, device.platform)
     found["platform"] = device.platform
     return found
 

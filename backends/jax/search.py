@@ -20,6 +20,8 @@ from unimem.backends.jax._fresh_compile import (
     FreshCompileError,
     compile_lowered,
     load_autotuned,
+    peak_of,
+    platform,
 )
 
 from unimem.memory_stats import MemoryStats
@@ -37,20 +39,6 @@ _DONATED = (
 # An instruction XLA's rematerialization pass made: a clone named ``<name>.remat`` (``.remat2`` when
 # cloned again, ``gte.remat``/``bitcast.remat`` for its users, ``.remat_compressed``), defined on its line.
 _REMAT = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]*\.remat\w*(?:\.\d+)*\s+=", re.MULTILINE)
-
-
-def _platform(compiled: Any) -> str | None:
-    """The platform (``"cpu"``, ``"gpu"``, ``"cuda"``, ``"tpu"``) the program was compiled for."""
-    import jax
-
-    try:
-        shardings = (compiled.input_shardings, compiled.output_shardings)
-    except AttributeError:  # not a compiled JAX stage: no platform to read
-        return None
-    for sharding in jax.tree_util.tree_leaves(shardings):
-        for device in getattr(sharding, "device_set", ()):
-            return str(device.platform)
-    return None
 
 
 def _compiled(lowered: Any) -> Any:
@@ -213,13 +201,6 @@ def _size(lowered: Any) -> dict[str, Any] | None:
     analysis = stage.memory_analysis() if hasattr(stage, "memory_analysis") else None
     if analysis is None:
         return None
-    held = (
-        int(analysis.argument_size_in_bytes)
-        + int(analysis.output_size_in_bytes)
-        + int(analysis.temp_size_in_bytes)
-        - int(analysis.alias_size_in_bytes)
-    )
-    peak = int(getattr(analysis, "peak_memory_in_bytes", 0) or 0)
     sizes = [int(analysis.temp_size_in_bytes)]
     for info in ("args_info", "out_info"):
         try:
@@ -230,9 +211,8 @@ def _size(lowered: Any) -> dict[str, Any] | None:
         text = stage.as_text()
     except Exception:  # a stage without compiled text (an older JAX, a foreign object)
         text = None
-    # XLA's CPU figure leaves the temporaries out; elsewhere its own peak is the one to hold.
     return {
-        "peak": held if _platform(stage) == "cpu" or peak <= 0 else peak,
+        "peak": peak_of(analysis, platform(stage)),
         "largest": max(sizes),
         "text": text,
     }
