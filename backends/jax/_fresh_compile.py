@@ -7,6 +7,12 @@ kernel choices are kept in XLA's per-fusion autotune directory (``AUTOTUNE_FLAG`
 this process: when this process then compiles the same step it loads those choices instead of
 autotuning, takes no region, and gets the program the fresh process sized, byte for byte.
 
+A fresh process is started once and then serves every compilation asked of it (starting one with JAX
+on a GPU costs seconds, about as much as compiling a small step): an idle one is reused, several
+compile at once where several are asked at once, and each leaves after ``_IDLE_SECONDS`` without a
+request or when this process ends. Its allocator is the platform's, so what its autotuning took is
+given back at once and an idle one holds only its context.
+
 Two ways in: a jitted function and its (abstract) arguments, exported with ``jax.export`` by their
 leaves (any container crosses, an optimizer's named-tuple state included); or a ``Lowered`` step,
 whose StableHLO text is compiled through JAX's own compile entry (internal to JAX: where that entry
@@ -15,25 +21,30 @@ is not there, the caller compiles here instead).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 __all__ = [
     "AUTOTUNE_FLAG",
     "FRESH_PLATFORMS",
     "FreshCompileError",
     "autotune_directory",
+    "close_compilers",
     "compile_exported",
     "compile_lowered",
     "figures",
     "load_autotuned",
     "peak_of",
     "platform",
+    "serve",
 ]
 
 # Platforms whose compilations take regions from a pool grown on demand (XLA autotunes there).
@@ -41,14 +52,15 @@ FRESH_PLATFORMS = ("gpu", "cuda", "rocm", "tpu")
 AUTOTUNE_FLAG = "--xla_gpu_per_fusion_autotune_cache_dir"
 # Seconds a fresh process may take to import JAX and compile one step.
 _FRESH_SECONDS = 900
+# Seconds an idle compiling process waits for the next request before it leaves (and gives its
+# context back): longer than a failed trial of a large step takes, so one search keeps its process.
+_IDLE_SECONDS = 60.0
 _MARK = "UNIMEM-COMPILED "
 
-# Run by a fresh process: the step (stdin) compiled and sized, the figures printed.
-_CHILD = r"""
-import json, sys
-import jax
-from unimem.backends.jax._fresh_compile import child_compile
-print("UNIMEM-COMPILED " + json.dumps(child_compile(sys.argv[1], json.loads(sys.argv[2]), sys.stdin.buffer.read())))
+# Run by a fresh process: serve compilations until stdin closes or it is idle too long.
+_SERVER = r"""
+from unimem.backends.jax._fresh_compile import serve
+serve()
 """
 
 
@@ -112,27 +124,121 @@ def autotune_directory() -> str:
 
 
 def _child_env(directory: str) -> dict[str, str]:
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    # The platform's allocator: the autotuning's buffers go back to the device at once, not to a pool.
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", XLA_PYTHON_CLIENT_ALLOCATOR="platform")
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(AUTOTUNE_FLAG + "=")]
     env["XLA_FLAGS"] = " ".join([*flags, f"{AUTOTUNE_FLAG}={directory}"])
     env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
     return env
 
 
+class _Compiler:
+    """One fresh process that compiles what it is sent, one request at a time."""
+
+    def __init__(self) -> None:
+        # A file, not a pipe: XLA's logs never block it; open as long as the process lives (``close``).
+        self.errors: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _SERVER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.errors,
+            env=_child_env(autotune_directory()),
+        )
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def ask(self, kind: str, donated: list[int], blob: bytes) -> dict[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        timer = threading.Timer(_FRESH_SECONDS, self.process.kill)  # a compilation that never ends
+        timer.start()
+        try:
+            header = json.dumps({"kind": kind, "donated": donated, "length": len(blob)})
+            self.process.stdin.write(header.encode() + b"\n" + blob)
+            self.process.stdin.flush()
+            for line in self.process.stdout:
+                if line.startswith(_MARK.encode()):
+                    answer: dict[str, Any] = json.loads(line[len(_MARK) :])
+                    if "error" in answer:
+                        raise FreshCompileError(answer["error"])
+                    return dict(answer["figures"])
+        except (BrokenPipeError, OSError, ValueError) as exc:
+            raise FreshCompileError(f"{exc}\n{self.stderr_tail()}") from exc
+        finally:
+            timer.cancel()
+        raise FreshCompileError(self.stderr_tail() or "the compiling process ended without an answer")
+
+    def stderr_tail(self) -> str:
+        self.errors.seek(0, os.SEEK_END)
+        self.errors.seek(max(0, self.errors.tell() - 2000))
+        return self.errors.read().decode(errors="replace")
+
+    def close(self) -> None:
+        if self.alive():
+            try:
+                assert self.process.stdin is not None
+                self.process.stdin.close()  # it leaves at the end of its input
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+        self.errors.close()
+
+
+_idle: list[_Compiler] = []  # processes that answered and wait for the next request
+_lock = threading.Lock()
+
+
+def _take() -> _Compiler:
+    with _lock:
+        while _idle:
+            compiler = _idle.pop()
+            if compiler.alive():
+                return compiler
+            compiler.close()  # it left (idle too long): its files closed
+    return _Compiler()
+
+
 def _run_child(kind: str, donated: list[int], blob: bytes) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, kind, json.dumps(donated)],
-        input=blob,
-        capture_output=True,
-        env=_child_env(autotune_directory()),
-        timeout=_FRESH_SECONDS,
-        check=False,
-    )
-    lines = [line for line in done.stdout.decode(errors="replace").splitlines() if line.startswith(_MARK)]
-    if done.returncode != 0 or not lines:
-        raise FreshCompileError(done.stderr.decode(errors="replace")[-2000:])
-    result: dict[str, Any] = json.loads(lines[-1][len(_MARK) :])
-    return result
+    compiler = _take()
+    try:
+        found = compiler.ask(kind, donated, blob)
+    except FreshCompileError:
+        compiler.close()
+        raise
+    with _lock:
+        _idle.append(compiler)
+    return found
+
+
+@atexit.register
+def close_compilers() -> None:
+    """End every idle compiling process now (they also leave by themselves when idle)."""
+    with _lock:
+        compilers, _idle[:] = list(_idle), []
+    for compiler in compilers:
+        compiler.close()
+
+
+def serve(idle: float = _IDLE_SECONDS) -> None:
+    """In the fresh process: answer each request on stdin (a JSON header line, then its bytes) with a
+    line of figures or of the error, until stdin closes or nothing comes for ``idle`` seconds."""
+    import jax  # noqa: F401  (started once, for every request)
+
+    source, out = sys.stdin.buffer, sys.stdout
+    while True:
+        ready, _, _ = select.select([source], [], [], idle)
+        header = source.readline() if ready else b""
+        if not header:
+            return
+        request = json.loads(header)
+        blob = source.read(request["length"])
+        try:
+            answer: dict[str, Any] = {"figures": child_compile(request["kind"], request["donated"], blob)}
+        except Exception as exc:  # the parent compiles in its own process instead
+            answer = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
+        out.write(_MARK + json.dumps(answer) + "\n")
+        out.flush()
 
 
 def _flat_step(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any], list[int]]:
