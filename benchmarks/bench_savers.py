@@ -419,8 +419,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.jobs < 1:
         parser.error(f"--jobs: expected 1 or more modes at once, got {args.jobs}")
+    from unimem.sizes import parse_size  # the parent only: children import frameworks first
+
     deadline = time.perf_counter() + args.budget
     gpu = not args.cpu and benchlib.gpu_description() is not None
+    total = benchlib.gpu_total_bytes() if gpu and args.limit and args.jobs > 1 else None
+    if total is not None and args.jobs * parse_size(args.limit) > total:
+        # Caps that add up past the device measure the other processes, not each cap.
+        parser.error(
+            f"--jobs {args.jobs} x --limit {args.limit} is more than the GPU's {total / 2**30:.0f} GiB: "
+            f"run at most {total // parse_size(args.limit)} at once"
+        )
     result = benchlib.header("savers", args.machine, sys.argv)
     result.update(mode="gpu" if gpu else "cpu", model=GPT2 if gpu else TINY)
     earlier = benchlib.earlier(args.out) if args.merge else None

@@ -55,6 +55,17 @@ def gpu_description() -> dict[str, Any] | None:
         return None
 
 
+def gpu_total_bytes() -> int | None:
+    """The first GPU's memory in bytes from NVML, or None without one."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
+    except Exception:
+        return None
+
+
 def machine(label: str | None) -> dict[str, Any]:
     return {
         "label": label or platform.node(),

@@ -103,3 +103,18 @@ def test_a_merged_cpu_run_updates_its_row_in_the_file(tmp_path: Path) -> None:
     assert len(result["rows"]) == 4
     assert [s["rows"] for s in result["sources"]] == ["the rows kept from before", "torch: none (search)"]
     assert result["sources"][0]["command"] == "python earlier"
+
+
+def test_caps_that_add_up_past_the_gpu_are_refused_before_anything_runs(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Four 40 GiB caps on a 141 GiB device: each search would read the room the others left, not its cap.
+    monkeypatch.setattr(bench.benchlib, "gpu_description", lambda: {"name": "NVIDIA H200", "driver": "x", "count": 1})
+    monkeypatch.setattr(bench.benchlib, "gpu_total_bytes", lambda: 141 << 30)
+    monkeypatch.setattr(bench, "row", lambda *a, **k: pytest.fail("a row ran"))
+    out = tmp_path / "savers.json"
+    with pytest.raises(SystemExit) as exited:
+        bench.main(["--jobs", "4", "--limit", "40GiB", "--out", str(out)])
+    assert exited.value.code == 2 and not out.exists()
+    said = capsys.readouterr().err
+    assert "--jobs 4 x --limit 40GiB" in said and "at most 3 at once" in said, said
