@@ -545,6 +545,7 @@ class Search:
     saturation_cause: ClassVar[str] = "the framework saves memory to fit near its limit (recomputing or swapping)"
     predicts_concurrently: ClassVar[bool] = False
     remat_share: ClassVar[float | None] = None
+    fresh_process_advice: ClassVar[str | None] = None
     kept_outputs_note: ClassVar[str] = (
         "something still references what the failed steps allocated (gradients set in a failed backward, "
         "which the next step reuses, or a caught exception, a list of outputs)"

@@ -250,6 +250,12 @@ class SearchTopic(Protocol):
         ...
 
     @property
+    def fresh_process_advice(self) -> str | None:
+        """What a fresh process needs to fit the more that the search's notes predict for it, in the
+        framework's words; None: nothing beyond starting one."""
+        ...
+
+    @property
     def remat_share(self) -> float | None:
         """The share of the pool's limit past which the framework's compiler rematerializes a step (recomputes
         to fit, and runs slower), as the predicted peak reads; None where it never does or it is unknown."""

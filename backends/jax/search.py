@@ -16,8 +16,10 @@ from typing import Any
 
 from unimem.backends.base import Search
 from unimem.backends.jax._fresh_compile import (
+    AUTOTUNE_FLAG,
     FRESH_PLATFORMS,
     FreshCompileError,
+    autotune_directory,
     compile_lowered,
     load_autotuned,
     peak_of,
@@ -77,6 +79,17 @@ class JaxSearch(Search):
         "XLA does not free a failed execution's output buffers, which stay in use until the process ends; "
         "this process now fits less than a fresh one"
     )
+
+    @property
+    def fresh_process_advice(self) -> str | None:
+        """A fresh process compiles the step with the kernel choices made for the search, not autotuning
+        its own: on an H200 a first step's own autotuning took 32-64 GiB of regions before its
+        temporaries (docs/measurements.md)."""
+        return (
+            f'start it with XLA_FLAGS="{AUTOTUNE_FLAG}={autotune_directory()}", which holds the kernel choices '
+            "made for the search: it then compiles the step without autotuning, whose buffers would take regions "
+            "of its own pool"
+        )
 
     def search_capacity(self, snapshot: MemoryStats) -> int | None:
         """The bytes a trial's peak may reach: the cap, less what a pool grown on demand cannot give

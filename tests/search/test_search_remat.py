@@ -304,3 +304,28 @@ def test_a_real_compiled_step_reads_as_not_rematerialized(need: Any, pyjson: Any
         """
     )
     assert r == {"lowered": False, "compiled": False}
+
+
+@pytest.mark.parametrize("compiler", SETTINGS.values(), ids=SETTINGS.keys())
+@pytest.mark.parametrize("autotune", [None, 0.0], ids=["autotuned-here", "choices-loaded"])
+def test_the_notes_say_how_much_more_a_fresh_process_would_fit(
+    simulated: Simulated, compiler: Compiler, autotune: float | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    # The regions a pool grown on demand keeps (its compilations' autotuning, its runs) bound what this
+    # process fits; a fresh one that loads the kernel choices made here (no autotuning of its own) holds
+    # only the step at its start. Where that is clearly more, the notes say so, how much, and how to start it.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    outcome = search(simulated, compiler, **({} if autotune is None else {"autotune": autotune}))
+    answer = outcome.found.batch_size
+    fresh = Device(compiler, autotune=0.0)
+    fresh.step(compiler.start)
+    fits = fresh.largest()
+    said = [n for n in outcome.found.notes if "a fresh process would fit" in n]
+    if fits * (1 - 3 * MARGIN) > answer:
+        assert said, (answer, fits, outcome.found.notes)
+    if fits * (1 - MARGIN) <= answer:
+        assert not said, (answer, fits, said)
+    if said:
+        told = int(said[0].split("batch size ")[1].split(" ")[0])
+        assert answer < told and abs(told - fits) <= MARGIN * fits, (answer, told, fits)
+        assert f'XLA_FLAGS="--xla_gpu_per_fusion_autotune_cache_dir={tmp_path}' in said[0], said[0]

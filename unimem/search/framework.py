@@ -176,6 +176,11 @@ class Framework:
         return None if self.adapter is None else self.adapter.search.kept_outputs_note
 
     @property
+    def fresh_process_advice(self) -> str | None:
+        """What the framework says a fresh process needs to fit more (None: nothing, or no framework's)."""
+        return None if self.adapter is None else self.adapter.search.fresh_process_advice
+
+    @property
     def saturation_cause(self) -> str | None:
         """How the framework saves memory near its limit, in its own words; the neutral words where no
         framework's figures are read; None for a framework that never does (no note then)."""

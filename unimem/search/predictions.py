@@ -23,8 +23,9 @@ from unimem.search.ranks import known, worst
 from unimem.search.rules import closing
 from unimem.search.scale import OVER, Scale
 from unimem.search.state import Run, reread_capacity, scale_limit, take_snapshot, upper_bound
+from unimem.sizes import format_bytes
 
-__all__ = ["first_size", "new_scale", "place", "predicted_peak", "prediction_notes", "read_room"]
+__all__ = ["first_size", "fresh_note", "new_scale", "place", "predicted_peak", "prediction_notes", "read_room"]
 
 # Compilations of ``lower(n)`` allowed per call of the step the search may make (``max_trials``).
 _COMPILES_PER_TRIAL = 2
@@ -198,6 +199,31 @@ def prediction_notes(run: Run) -> list[str]:
                 f"from about batch size {onset} (the predicted peak past {scale.remat_share:.0%} of the pool's limit)"
             )
     return notes
+
+
+def fresh_note(run: Run, answer: int) -> str | None:
+    """In a pool grown on demand (regions the calls took stay in it), how much more a fresh process
+    would fit by the compiled sizes, where that is more than two margins above ``answer``: its pool holds
+    only what the step holds at the start, so one buffer may take all the rest of the limit. None
+    elsewhere, or where the predictions say nothing of it."""
+    scale, limit, before = run.scale, bytes_of(run.limit), run.start.before
+    if scale is None or limit is None or before is None or before.allocated is None:
+        return None
+    if run.settings.limit is not None or run.settings.measure is not None:
+        return None  # figures given, not read from the framework's pool
+    if run.framework.room_after_region(before) is None:
+        return None  # no pool grown in regions: a fresh process fits what this one does
+    fresh = scale.fresh_bound(limit, limit - before.allocated)
+    if fresh is None or (1 - 2 * run.settings.margin) * fresh <= answer:
+        return None  # within what the lines' error and the margin explain
+    after = take_snapshot(run)
+    held = "" if after is None or after.reserved is None else f" now holds {format_bytes(after.reserved)} and"
+    advice = run.framework.fresh_process_advice
+    return (
+        f"a fresh process would fit up to about batch size {fresh} by the compiled sizes ({fresh / answer - 1:.0%} "
+        f"more than {answer}): this process's pool{held} keeps the regions its calls took. Run that size first "
+        "in a fresh process" + ("" if advice is None else f"; {advice}")
+    )
 
 
 def place(run: Run) -> tuple[int, str] | None:

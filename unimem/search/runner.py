@@ -22,7 +22,7 @@ from unimem.search.limit import bytes_of, passed
 from unimem.search.opening import open_run
 from unimem.search.policy import call_budget, choose, is_converged
 from unimem.search.predicted import STEADY, confirming, opening
-from unimem.search.predictions import first_size, predicted_peak, prediction_notes
+from unimem.search.predictions import first_size, fresh_note, predicted_peak, prediction_notes
 from unimem.search.progress import interrupted
 from unimem.search.ranks import Outcome, connect
 from unimem.search.result import BatchSizeSearch, Trial
@@ -225,6 +225,8 @@ def _finish(step: Callable[[int], Any], run: Run, converged: bool, began: float)
     if run.limit is None and settings.measure is None and run.scale is None:
         notes.append("no memory limit known: searched by doubling and bisection, without a model")
     notes += prediction_notes(run)
+    fresh = fresh_note(run, answer)
+    notes += [] if fresh is None else [fresh]
     if run.start.host is not None:
         notes.append(run.start.host.note(settings.limit))
     if not converged:

@@ -355,6 +355,24 @@ class Scale:
         grown = self.largest.get(size, 0) > self.largest.get(first, 0) or size == first
         return self.room is not None and grown and self.largest.get(size, 0) >= SETTLED * self.room
 
+    def fresh_bound(self, limit: int, room: int) -> int | None:
+        """The largest size a fresh process would fit by the compiled sizes: its predicted peak, with the
+        bytes beside the predictions, under ``limit``, its largest buffer within ``room`` (what a fresh
+        pool has for one buffer), not rematerialized; from the largest compiled size that fits so, on its
+        lines to those bounds (as ``_crossing`` places the search's sizes), below the smallest compiled
+        size that does not. None while the predictions are set aside, or where nothing bounds it."""
+        if not self.trusted:
+            return None
+        allowed, now = limit - self.offset, self.room
+        self.room = room  # ``_inside`` and ``_crossing`` hold the largest buffers against it
+        try:
+            fitting, out = self._inside(allowed, 0, None)
+            crossing = self._crossing(fitting[-1], fitting, allowed, room) if fitting else None
+        finally:
+            self.room = now
+        tops = [top for top in (crossing, None if out is None else out - 1) if top is not None]
+        return max(fitting[-1], min(tops)) if fitting and tops else None
+
     def remat_onset(self) -> int | None:
         """About where the compiler would begin to rematerialize: where the peaks' line through the
         two largest sizes compiled without it passes the compiler's limit. None without that limit
