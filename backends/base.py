@@ -554,6 +554,9 @@ class Search:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
+    def search_done(self) -> None:
+        return None
+
     def search_capacity(self, snapshot: MemoryStats) -> int | None:
         return snapshot.limit
 

@@ -261,6 +261,10 @@ class SearchTopic(Protocol):
         to fit, and runs slower), as the predicted peak reads; None where it never does or it is unknown."""
         ...
 
+    def search_done(self) -> None:
+        """The search ended: let go of what it kept for its own use (processes, caches)."""
+        ...
+
     def search_capacity(self, snapshot: MemoryStats) -> int | None:
         """Bytes a trial's measured peak may reach, from ``stats()`` before the search (the cap by
         default); None when unknown."""

@@ -20,6 +20,7 @@ from unimem.backends.jax._fresh_compile import (
     FRESH_PLATFORMS,
     FreshCompileError,
     autotune_directory,
+    close_compilers,
     compile_lowered,
     load_autotuned,
     peak_of,
@@ -90,6 +91,11 @@ class JaxSearch(Search):
             "made for the search: it then compiles the step without autotuning, whose buffers would take regions "
             "of its own pool"
         )
+
+    def search_done(self) -> None:
+        """The processes that compiled the search's sizes leave now: each holds a context on the device,
+        which the training after the search may need."""
+        close_compilers()
 
     def search_capacity(self, snapshot: MemoryStats) -> int | None:
         """The bytes a trial's peak may reach: the cap, less what a pool grown on demand cannot give

@@ -57,12 +57,13 @@ def spy_load(lowered):
 jax_search.compile_lowered, jax_search.load_autotuned = spy_compile, spy_load
 jax_search._grows_on_demand = lambda: True
 pooled = search().as_dict()
+idle_after = len(_fresh_compile._idle)
 def refuse(lowered):
     raise _fresh_compile.FreshCompileError("no compile entry here")
 jax_search.compile_lowered = refuse
 fallback = search().as_dict()
 emit({"here": here, "pooled": pooled, "fallback": fallback, "fresh": fresh, "loaded": loaded,
-      "started": len(started)})
+      "started": len(started), "idle_after": idle_after})
 """
 
 
@@ -81,6 +82,7 @@ def test_each_size_is_compiled_in_a_fresh_process_and_the_answer_is_the_same(nee
     assert sorted(r["loaded"]) == sized  # and its kernel choices were loaded here
     # One process serves the sizes compiled one after another; a round of two may start a second.
     assert 1 <= r["started"] <= 2 < len(sized), (r["started"], sized)
+    assert r["idle_after"] == 0  # and left when the search ended: each holds a context on the device
 
 
 def test_where_a_fresh_process_cannot_compile_the_search_compiles_here(need: Any, pyjson: Any) -> None:

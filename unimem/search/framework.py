@@ -137,7 +137,10 @@ class Framework:
 
     def release(self, final: bool = False) -> None:
         """Give the pool back: after every trial where that is cheap, so the next peak is measured
-        from a clean pool; elsewhere at the end only (clearing may drop compiled steps, or cannot free)."""
+        from a clean pool; elsewhere at the end only (clearing may drop compiled steps, or cannot free).
+        At the end the framework also lets go of what it kept for the search (``search_done``)."""
+        if self.adapter is not None and final:
+            self.adapter.search.search_done()
         if self.adapter is None or not (self.adapter.search.release_every_trial or final):
             return
         with warnings.catch_warnings():
