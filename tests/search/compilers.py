@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from device_view import no_collection, show_a_device
 
 import unimem
-from unimem import registry, snapshots
-from unimem.search import runner, state
+from unimem import registry
+from unimem.search import runner
 
 GiB = 1 << 30
 REMAT_SHARE = 0.95  # XLA rematerializes a program whose peak would pass this share of the pool's limit
@@ -342,8 +343,6 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Simulated:
     monkeypatch.setattr(jax.search, "predict_peak", predict_peak)
     monkeypatch.setattr(jax.search, "predict_largest_buffer", predict_largest_buffer)
     monkeypatch.setattr(runner, "clock", lambda: current.device.clock if current.device else 0.0)
-    monkeypatch.setattr(state, "gc", type("NoGc", (), {"collect": staticmethod(lambda: 0)}))
-    monkeypatch.setattr(
-        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
-    )
+    no_collection(monkeypatch)
+    show_a_device(monkeypatch)
     return current

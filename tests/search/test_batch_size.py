@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import run_framework_script
+from device_view import show_a_device
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -192,11 +193,7 @@ def test_decorator_form_and_the_smallest_size_failing(real: tuple[str, dict[str,
 def a_simulated_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pure-Python steps below simulate a device's memory: the framework-free view shows one, so
     the search never holds them to this machine's host memory (test_search_host.py does that)."""
-    from unimem import snapshots
-
-    monkeypatch.setattr(
-        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
-    )
+    show_a_device(monkeypatch)
 
 
 class _Batch:

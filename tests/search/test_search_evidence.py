@@ -15,18 +15,18 @@ import signal
 import subprocess
 import sys
 import time
-import types
 import warnings
 from pathlib import Path
 from typing import Any
 
+import device_view
 import pytest
 from conftest import REPO, subprocess_env
+from device_view import show_a_device
 from test_search_host import Host
 
 import unimem
-from unimem import registry, snapshots
-from unimem.search import state
+from unimem import registry
 from unimem.search.host_limit import GROWTH, SHARE
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -35,14 +35,12 @@ MiB, GiB = 1 << 20, 1 << 30
 @pytest.fixture(autouse=True)
 def no_collection(monkeypatch: pytest.MonkeyPatch) -> None:
     """No garbage collection per failure: nothing real is allocated."""
-    monkeypatch.setattr(state, "gc", types.SimpleNamespace(collect=lambda: 0))
+    device_view.no_collection(monkeypatch)
 
 
 def _device(monkeypatch: pytest.MonkeyPatch) -> None:
     """A device the framework-free view shows: the step's figures are its own, not the host's."""
-    monkeypatch.setattr(
-        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
-    )
+    show_a_device(monkeypatch)
 
 
 def _quietly(step: Any, **kwargs: Any) -> unimem.BatchSizeSearch:

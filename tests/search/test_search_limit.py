@@ -4,17 +4,16 @@ though nothing enforced the limit and the step ran; ``measure=`` must return byt
 from __future__ import annotations
 
 import math
-import types
 import warnings
 from typing import Any
 
 import pytest
+from device_view import no_collection, show_a_device
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import unimem
-from unimem import registry, snapshots
-from unimem.search import state
+from unimem import registry
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -22,10 +21,8 @@ GiB, MiB = 1 << 30, 1 << 20
 @pytest.fixture(autouse=True)
 def simulated(monkeypatch: pytest.MonkeyPatch) -> None:
     """A device the framework-free view shows (so no host limit), and no collection per failure."""
-    monkeypatch.setattr(
-        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
-    )
-    monkeypatch.setattr(state, "gc", types.SimpleNamespace(collect=lambda: 0))
+    show_a_device(monkeypatch)
+    no_collection(monkeypatch)
 
 
 class Unenforced:

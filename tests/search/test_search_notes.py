@@ -12,18 +12,18 @@ import io
 import math
 import random
 import sys
-import types
 import warnings
 from typing import Any
 
 import pytest
 from conftest import run_py
+from device_view import no_collection, show_a_device
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import unimem
-from unimem import registry, snapshots
-from unimem.search import runner, state
+from unimem import registry
+from unimem.search import runner
 from unimem.search.progress import Progress
 from unimem.search.rules import knee, saturation_note
 
@@ -33,10 +33,8 @@ MiB = 1 << 20
 @pytest.fixture(autouse=True)
 def simulated(monkeypatch: pytest.MonkeyPatch) -> None:
     """A device the framework-free view shows (so no host limit), and no collection per failure."""
-    monkeypatch.setattr(
-        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
-    )
-    monkeypatch.setattr(state, "gc", types.SimpleNamespace(collect=lambda: 0))
+    show_a_device(monkeypatch)
+    no_collection(monkeypatch)
 
 
 def _says_saturated(notes: tuple[str, ...]) -> bool:

@@ -8,15 +8,15 @@ nothing imports a framework, and time is a simulated clock."""
 from __future__ import annotations
 
 import itertools
-import types
 import warnings
 from dataclasses import dataclass, field
 
 import pytest
+from device_view import no_collection, show_a_device
 
 import unimem
-from unimem import registry, snapshots
-from unimem.search import runner, state
+from unimem import registry
+from unimem.search import runner
 
 GiB = 1 << 30
 MARGIN = 0.05
@@ -86,10 +86,8 @@ def search(device: CappedMlp, monkeypatch: pytest.MonkeyPatch) -> unimem.BatchSi
     for name in ("stats", "reset_peak", "clear_cache"):
         monkeypatch.setattr(adapter, name, getattr(device, name))
     monkeypatch.setattr(runner, "clock", lambda: device.clock)
-    monkeypatch.setattr(state, "gc", types.SimpleNamespace(collect=lambda: 0))
-    monkeypatch.setattr(
-        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
-    )
+    no_collection(monkeypatch)
+    show_a_device(monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", unimem.UnimemWarning)
         return unimem.find_batch_size(device.step, start=32, backend="jax", return_trials=True)

@@ -26,18 +26,18 @@ from __future__ import annotations
 import itertools
 import math
 import random
-import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from device_view import no_collection, show_a_device
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import unimem
-from unimem import registry, snapshots
-from unimem.search import runner, state
+from unimem import registry
+from unimem.search import runner
 
 GiB, MiB = 1 << 30, 1 << 20
 SHAPES = ("linear", "convex", "bend", "clamped")
@@ -189,11 +189,8 @@ def simulated(monkeypatch: pytest.MonkeyPatch) -> Current:
         for name in ("stats", "reset_peak", "clear_cache"):
             monkeypatch.setattr(registry.get_backend(framework), name, answer(name))
     monkeypatch.setattr(runner, "clock", lambda: current.device.clock if current.device else 0.0)
-    monkeypatch.setattr(state, "gc", types.SimpleNamespace(collect=lambda: 0))
-    # A device the framework-free view shows: a blind search is not held to this machine's host memory.
-    monkeypatch.setattr(
-        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
-    )
+    no_collection(monkeypatch)
+    show_a_device(monkeypatch)
     return current
 
 

@@ -11,19 +11,18 @@ when the least memory it runs in passes the cap. Nothing here allocates.
 
 from __future__ import annotations
 
-import types
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from device_view import no_collection, show_a_device
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import unimem
-from unimem import registry, snapshots
+from unimem import registry
 from unimem.estimate.result import MemoryEstimate, SizeEstimate
-from unimem.search import state
 from unimem.search.predicted import TOLERANCE
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -33,10 +32,8 @@ CAP = 24 * GiB
 @pytest.fixture(autouse=True)
 def simulated(monkeypatch: pytest.MonkeyPatch) -> None:
     """A device the framework-free view shows (so no host limit), and no collection per failure."""
-    monkeypatch.setattr(
-        snapshots, "framework_free_stats", lambda device: unimem.MemoryStats("nvml", device, device_total=1)
-    )
-    monkeypatch.setattr(state, "gc", types.SimpleNamespace(collect=lambda: 0))
+    show_a_device(monkeypatch)
+    no_collection(monkeypatch)
 
 
 class Training:
