@@ -13,7 +13,7 @@ from unimem.search.limit import bytes_of
 from unimem.search.predictions import place
 from unimem.search.regimes import Evidence, next_size
 from unimem.search.rules import knee, plateau_ratio, predict, safe_size, stalled
-from unimem.search.state import Run, reread_capacity, upper_bound
+from unimem.search.state import Run, grows_in_regions, reread_capacity, upper_bound
 
 __all__ = ["call_budget", "choose", "evidence", "is_converged"]
 
@@ -34,7 +34,7 @@ def choose(run: Run) -> tuple[int, str]:
         placed = place(run)
         if placed is not None:
             return placed
-    elif found.good and _grows_in_regions(run):
+    elif found.good and grows_in_regions(run):
         filled = _filled_the_room(run)
     gathered = evidence(run, filled)
     step = next_size(gathered)
@@ -112,15 +112,6 @@ def _climb(run: Run) -> tuple[int, int]:
             break
         climb += 1
     return climb, top[0]
-
-
-def _grows_in_regions(run: Run) -> bool:
-    """Whether the framework's pool grew on demand in regions that its calls keep when the search
-    began (JAX with growth on: ``room_after_region`` answered), with figures of its own (no
-    ``limit=``, ``measure=``)."""
-    if run.settings.limit is not None or run.settings.measure is not None:
-        return False
-    return run.framework.room_after_region(run.start.before) is not None
 
 
 def _filled_the_room(run: Run) -> bool:

@@ -22,7 +22,7 @@ from unimem.search.predicted import predictor_of
 from unimem.search.ranks import known, worst
 from unimem.search.rules import closing
 from unimem.search.scale import OVER, Scale
-from unimem.search.state import Run, reread_capacity, scale_limit, take_snapshot, upper_bound
+from unimem.search.state import Run, grows_in_regions, reread_capacity, scale_limit, take_snapshot, upper_bound
 from unimem.sizes import format_bytes
 
 __all__ = ["first_size", "fresh_note", "new_scale", "place", "predicted_peak", "prediction_notes", "read_room"]
@@ -207,12 +207,8 @@ def fresh_note(run: Run, answer: int) -> str | None:
     only what the step holds at the start, so one buffer may take all the rest of the limit. None
     elsewhere, or where the predictions say nothing of it."""
     scale, limit, before = run.scale, bytes_of(run.limit), run.start.before
-    if scale is None or limit is None or before is None or before.allocated is None:
-        return None
-    if run.settings.limit is not None or run.settings.measure is not None:
-        return None  # figures given, not read from the framework's pool
-    if run.framework.room_after_region(before) is None:
-        return None  # no pool grown in regions: a fresh process fits what this one does
+    if scale is None or limit is None or before is None or before.allocated is None or not grows_in_regions(run):
+        return None  # no pool grown in regions (or figures given): a fresh process fits what this one does
     fresh = scale.fresh_bound(limit, limit - before.allocated)
     if fresh is None or (1 - 2 * run.settings.margin) * fresh <= answer:
         return None  # within what the lines' error and the margin explain

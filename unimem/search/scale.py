@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from unimem.search.rules import closing, split, stalled
 
@@ -363,13 +363,10 @@ class Scale:
         size that does not. None while the predictions are set aside, or where nothing bounds it."""
         if not self.trusted:
             return None
-        allowed, now = limit - self.offset, self.room
-        self.room = room  # ``_inside`` and ``_crossing`` hold the largest buffers against it
-        try:
-            fitting, out = self._inside(allowed, 0, None)
-            crossing = self._crossing(fitting[-1], fitting, allowed, room) if fitting else None
-        finally:
-            self.room = now
+        fresh = replace(self, room=room)  # the same scale, its largest buffers held to ``room``
+        allowed = limit - self.offset
+        fitting, out = fresh._inside(allowed, 0, None)
+        crossing = fresh._crossing(fitting[-1], fitting, allowed, room) if fitting else None
         tops = [top for top in (crossing, None if out is None else out - 1) if top is not None]
         return max(fitting[-1], min(tops)) if fitting and tops else None
 

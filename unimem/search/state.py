@@ -155,6 +155,15 @@ def read_kept(run: Run, in_use: int | None) -> int | None:
     return None if now is None else max(0, now - in_use)
 
 
+def grows_in_regions(run: Run) -> bool:
+    """Whether the framework's pool grew on demand in regions that its calls keep when the search
+    began (JAX with growth on: ``room_after_region`` answered), with figures of its own (no
+    ``limit=``, ``measure=``)."""
+    if run.settings.limit is not None or run.settings.measure is not None:
+        return False
+    return run.framework.room_after_region(run.start.before) is not None
+
+
 def scale_limit(run: Run) -> int | None:
     """The limit the predicted peaks are held against (the pool's own overhead apart)."""
     return None if run.limit is None else run.limit.bytes - run.findings.overhead
