@@ -22,7 +22,7 @@ from unimem.search.limit import bytes_of, passed
 from unimem.search.opening import open_run
 from unimem.search.policy import call_budget, choose, is_converged
 from unimem.search.predicted import STEADY, confirming, opening
-from unimem.search.predictions import first_size, fresh_note, predicted_peak, prediction_notes
+from unimem.search.predictions import first_size, fresh_note, placed_first, predicted_peak, prediction_notes
 from unimem.search.progress import interrupted
 from unimem.search.ranks import Outcome, connect
 from unimem.search.result import BatchSizeSearch, Trial
@@ -145,7 +145,8 @@ def run_search(step: Callable[[int], Any], settings: Settings) -> BatchSizeSearc
     over = connect(settings.collective, settings.timeout)
     run = open_run(aimed(settings, over), original, over, clock())
     try:
-        size, reason = opening(run, first_size(run))
+        first = first_size(run)
+        size, reason = placed_first(run, first) or opening(run, first)
         while True:
             _trial(step, run, size, reason)
             again = confirming(run)  # sized from the predictions: the size to run again to confirm them
