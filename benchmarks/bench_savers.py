@@ -375,6 +375,10 @@ def progress_seen(stderr: str) -> dict[str, list[Any]]:
     }
 
 
+# What a row says of how its search ran: replaced, not kept, when the search runs again.
+_SEARCH_KEYS = ("search", "search_seen", "concurrent", "caveat")
+
+
 def merge_rows(before: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``before``'s rows, each updated by this run's row of the same framework, mode and cap (its
     figures over the earlier ones, ``detail`` merged), then this run's rows that matched none."""
@@ -393,7 +397,10 @@ def merge_rows(before: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list
             # not searched this time: an earlier answer and its outcome stand
             new = {k: v for k, v in new.items() if k not in old or k not in ("largest_batch", "search", "skipped")}
         detail = {**(old.get("detail") or {}), **(new.get("detail") or {})}
-        merged.append({**{k: v for k, v in old.items() if k != "skipped"}, **new, "detail": detail})
+        # A new search replaces what was said of how the earlier one ran.
+        stale = _SEARCH_KEYS if "search" in new and not str(new["search"]).startswith("not run") else ()
+        kept = {k: v for k, v in old.items() if k != "skipped" and k not in stale}
+        merged.append({**kept, **new, "detail": detail})
     return merged + list(fresh.values())
 
 
@@ -449,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             skipped = {"framework": framework, "mode": mode, "limit": limit, "skipped": "budget"}
             return {**skipped, **({"largest_batch": None, "search": "not run: budget"} if "search" in parts else {})}
         done = row(framework, mode, gpu, deadline, limit, args.search_seconds, parts)
-        return done if args.jobs == 1 else {**done, "concurrent": args.jobs}
+        return {**done, "concurrent": args.jobs} if "search" in parts else done
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for done in pool.map(one, *zip(*order, strict=True)) if order else []:

@@ -65,7 +65,8 @@ def test_a_search_the_budget_cannot_hold_is_not_started_and_the_row_says_so(benc
 def _earlier() -> list[dict[str, Any]]:
     return [
         {"framework": "jax", "mode": "matmuls", "batch": 8, "limit": "40GiB", "peak_bytes": 14_284_136_448,
-         "largest_batch": None, "detail": {"peak_exact": True}},
+         "largest_batch": 12, "search": "finished", "concurrent": 4, "caveat": "four searches at once",
+         "detail": {"peak_exact": True}},
         {"framework": "jax", "mode": "full", "batch": 8, "limit": "40GiB", "peak_bytes": 6_910_562_304,
          "largest_batch": 37, "search": "finished", "detail": {"search": {"largest_batch": 37}}},
         {"model": "transformers GPT-2 small", "framework": "torch", "mode": "none", "limit": "24GiB",
@@ -83,6 +84,8 @@ def test_merged_rows_keep_the_measurements_and_take_the_new_answer(bench: Module
     matmuls, full, gpt2, added = merged
     assert matmuls["peak_bytes"] == 14_284_136_448 and matmuls["largest_batch"] == 21
     assert matmuls["detail"] == {"peak_exact": True, "search": {"largest_batch": 21}}
+    # How the earlier search ran (four at once, and the caveat that came with it) went with it.
+    assert "caveat" not in matmuls and "concurrent" not in matmuls
     assert full["largest_batch"] == 37 and full["search"] == "finished"  # not searched again: it stands
     assert gpt2 == _earlier()[2] and added == other_cap
 
