@@ -171,3 +171,17 @@ def test_a_parameter_as_the_largest_buffer_places_the_first_round_under_the_answ
     assert all(h200_mlp_pieces(n)[1] <= ROOM_8G for n in rounds.rounds[1]), rounds.rounds
     assert max(n for r in rounds.rounds for n in r) <= 1.1 * max(fits), rounds.rounds
     assert len(rounds.rounds) - 1 <= 3, rounds.rounds
+
+
+def test_no_fresh_process_bound_once_a_size_predicted_to_fit_failed() -> None:
+    # A size predicted to fit that failed says the predictions overstate what the device fits: a bound for
+    # a fresh process from them would name sizes that fail there too (on an H200 a JAX MLP's search failed
+    # at 59,975 in a pool holding little more than its step; a fresh process fitted 42,197).
+    scale = Scale(h200_mlp, budget=40, rising=True)
+    for n in (64, 13457, 25576, 54609):
+        scale.peak(n)
+    limit = int(8 * GiB)
+    before = scale.fresh_bound(limit, limit)
+    assert before is not None and before > 54609
+    scale.ran(54609, False, 0, None)
+    assert scale.fresh_bound(limit, limit) is None

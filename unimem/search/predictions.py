@@ -224,10 +224,18 @@ def fresh_note(run: Run, answer: int) -> str | None:
     after = take_snapshot(run)
     held = "" if after is None or after.reserved is None else f" now holds {format_bytes(after.reserved)} and"
     advice = run.framework.fresh_process_advice
+    # Bounded by a compiled size the compiler rematerialized, the bound is that size, not an estimate:
+    # where rematerialization begins under it is not known (XLA's own estimate of a peak runs higher).
+    edge = fresh + 1 in scale.memo and scale.rematerialized(fresh + 1)
+    where = (
+        f"more, below batch size {fresh + 1} (where the compiler rematerializes; {fresh / answer - 1:.0%} more "
+        f"than {answer} at most)"
+        if edge
+        else f"up to about batch size {fresh} by the compiled sizes ({fresh / answer - 1:.0%} more than {answer})"
+    )
     return (
-        f"a fresh process would fit up to about batch size {fresh} by the compiled sizes ({fresh / answer - 1:.0%} "
-        f"more than {answer}): this process's pool{held} keeps the regions its calls took. Run that size first "
-        "in a fresh process" + ("" if advice is None else f"; {advice}")
+        f"a fresh process would fit {where}: this process's pool{held} keeps the regions its calls took, so a "
+        "larger size needs a fresh process that runs it first" + ("" if advice is None else f"; {advice}")
     )
 
 

@@ -360,8 +360,11 @@ class Scale:
         bytes beside the predictions, under ``limit``, its largest buffer within ``room`` (what a fresh
         pool has for one buffer), not rematerialized; from the largest compiled size that fits so, on its
         lines to those bounds (as ``_crossing`` places the search's sizes), below the smallest compiled
-        size that does not. None while the predictions are set aside, or where nothing bounds it."""
-        if not self.trusted:
+        size that does not. None while the predictions are set aside, after a run predicted to fit failed
+        (the predictions then overstate what the device fits, fresh or not: on an H200 a JAX MLP's 59,975
+        failed in a pool holding little more than its step, and a fresh process fitted 42,197), or where
+        nothing bounds it."""
+        if not self.trusted or self.fails:
             return None
         fresh = replace(self, room=room)  # the same scale, its largest buffers held to ``room``
         allowed = limit - self.offset
