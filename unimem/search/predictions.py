@@ -290,9 +290,10 @@ def placed_first(run: Run, first: int) -> tuple[int, str] | None:
     (``place``), to run before ``first``. A run keeps the regions it took, so a smaller size run
     first cuts the room the placed one needs (simulated from an H200's figures, the JAX transformer's
     search from a start of 1024 answered 556 where one from 2 answered 722). None elsewhere, or where
-    nothing above ``first`` is placed at the limit."""
+    nothing above ``first`` is placed at the limit, or over ranks (each rank's pool says for itself whether
+    it grows in regions, and every rank must open alike)."""
     scale = run.scale
-    if scale is None or not scale.trusted or not scale.rising or not grows_in_regions(run):
+    if scale is None or not scale.trusted or not scale.rising or run.ranks is not None or not grows_in_regions(run):
         return None
     placed = place(run)
     return placed if placed is not None and placed[1] == FIRST and placed[0] > first else None
