@@ -26,7 +26,7 @@ from unimem.backends.jax.search import JaxSearch
 
 import unimem
 from unimem import registry
-from unimem.search import scale
+from unimem.search import runner, scale
 
 MARGIN = 0.05
 
@@ -153,6 +153,43 @@ def test_the_placed_size_runs_before_a_start_that_would_take_its_room(
         assert found.trials[0].reason == "predicted", found.trials
         answers.append(found.batch_size)
     assert answers[1] >= (1 - MARGIN) * answers[0], answers
+
+
+@pytest.mark.parametrize("short", [0.2, 0.3])
+@pytest.mark.parametrize("name", ["jax-transformer-whole-gpu", "jax-transformer-8gib"])
+def test_a_placed_first_call_that_fails_is_followed_by_the_start(
+    simulated: Simulated, monkeypatch: pytest.MonkeyPatch, name: str, short: float
+) -> None:
+    # The device holds less than its figures say, so the first call, placed from the compiled sizes,
+    # fails with nothing run yet. The start runs next, so that the splits after have a size that fit
+    # below the failure: without it they crept down a margin a call, each failure keeping its outputs,
+    # until "even batch size 1 does not fit". It finds what a search opened by the start finds.
+    compiler = SETTINGS[name]
+
+    def searched(open_with_start: bool) -> unimem.BatchSizeSearch:
+        if open_with_start:
+            monkeypatch.setattr(runner, "placed_first", lambda run, first: None)
+        device = Device(compiler)
+        simulated.device = device
+
+        def step(n: int) -> None:
+            if compiler.peak(n) + device.kept > (1 - short) * compiler.limit:
+                device.compile(n)
+                device.calls.append((n, False))
+                device.kept += compiler.outputs  # as XLA keeps a failed execution's outputs
+                raise MemoryError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate")
+            device.step(n)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", unimem.UnimemWarning)
+            return unimem.find_batch_size(
+                step, start=compiler.start, backend="jax", lower=device.lower, return_trials=True
+            )
+
+    placed, opened = searched(False), searched(True)
+    assert [t.reason for t in placed.trials[:2]] == ["predicted", "start"], placed.trials
+    assert not placed.trials[0].fits and placed.trials[1].fits
+    assert placed.converged and placed.batch_size >= (1 - 2 * MARGIN) * opened.batch_size, (placed, opened)
 
 
 def search_without_lower(simulated: Simulated, compiler: Compiler, autotune: float) -> Outcome:

@@ -10,8 +10,7 @@ import math
 from unimem.search.findings import Findings, failures_costly, rely, withdraw_sure_refutation
 from unimem.search.host_limit import GROWTH as HOST_GROWTH
 from unimem.search.limit import bytes_of
-from unimem.search.predicted import FIRST
-from unimem.search.predictions import place
+from unimem.search.predictions import place, start_after_placed_failure
 from unimem.search.regimes import Evidence, next_size
 from unimem.search.rules import knee, plateau_ratio, predict, safe_size, stalled
 from unimem.search.state import Run, grows_in_regions, reread_capacity, upper_bound
@@ -31,9 +30,10 @@ def choose(run: Run) -> tuple[int, str]:
     regime the evidence shows (``regimes.next_size``)."""
     found = run.findings
     filled = False
-    # The predictions place sizes once one ran, or from the first call where they placed it.
-    placed_opening = bool(found.trials) and found.trials[0].reason == FIRST
-    if (found.good or placed_opening) and run.scale is not None and run.scale.trusted:
+    restart = start_after_placed_failure(run)
+    if restart is not None:
+        return restart
+    if found.good and run.scale is not None and run.scale.trusted:
         placed = place(run)
         if placed is not None:
             return placed

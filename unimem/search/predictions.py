@@ -34,6 +34,7 @@ __all__ = [
     "predicted_peak",
     "prediction_notes",
     "read_room",
+    "start_after_placed_failure",
 ]
 
 # Compilations of ``lower(n)`` allowed per call of the step the search may make (``max_trials``).
@@ -299,11 +300,29 @@ def placed_first(run: Run, first: int) -> tuple[int, str] | None:
     return placed if placed is not None and placed[1] == FIRST and placed[0] > first else None
 
 
+def start_after_placed_failure(run: Run) -> tuple[int, str] | None:
+    """After the first call, placed from the compiled sizes (``placed_first``), failed with nothing run
+    yet: the start (``first_size``), as a search that opened with it runs it. The splits after need a size
+    that fit below the failure; without one each is placed just under the last failure, a margin at a
+    time, and every failure keeps its outputs. None otherwise."""
+    found, scale = run.findings, run.scale
+    if found.good or len(found.trials) != 1 or found.trials[0].reason != FIRST:
+        return None
+    if scale is None or not scale.rising or found.trials[0].fits:
+        return None
+    return first_size(run), "start"
+
+
 def _below_the_failure(run: Run, scale: Scale) -> int | None:
     """After the first failure, which refuted the limit: the smallest size that ends the search if it
-    fits, where it is predicted to fit beside what the failure left in use (XLA keeps its outputs)."""
+    fits, where it is predicted to fit beside what the failure left in use (XLA keeps its outputs). Right
+    after that failure, or after the start run below a placed first call that failed."""
     found = run.findings
-    if len(scale.fails) != 1 or found.trials[-1].fits or found.bad is None:
+    if len(scale.fails) != 1 or found.bad is None:
+        return None
+    last = found.trials[-1]
+    after_start = last.reason == "start" and len(found.trials) == 2 and found.trials[0].reason == FIRST
+    if last.fits and not after_start:
         return None
     below = math.ceil((1 - run.settings.margin) * (found.bad - 1))
     ceiling = scale.allowed(scale_limit(run), found.kept_total, 1.0)
