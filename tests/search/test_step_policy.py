@@ -9,8 +9,8 @@ from dataclasses import replace
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from unimem.search.regimes import Evidence, Step, next_size
-from unimem.search.rules import closing
+from unimem.search.regimes import Evidence, Step, next_size, saturate
+from unimem.search.rules import MOST, closing
 
 MARGIN = 0.05
 
@@ -220,3 +220,11 @@ def test_every_measured_step_lies_above_good_and_within_the_bounds(
     )
     step = next_size(evidence)
     assert good < step.size <= high and step.relies
+
+
+def test_a_long_saturated_climb_stays_a_whole_size() -> None:
+    # Each saturated step doubles its margins; after a long streak the divisor underflowed to 0 and the
+    # search raised ZeroDivisionError. Past what any memory holds, the step stops at ``MOST``.
+    assert closing(6101, MARGIN, 2**14) == MOST
+    assert saturate(_evidence(good=6101, streak=16)) == (MOST, "saturated")
+    assert closing(1000, MARGIN, 2) == math.floor(1000 / (1 - MARGIN) ** 2) + 1  # short climbs as before

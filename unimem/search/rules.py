@@ -91,6 +91,8 @@ def fit(
 # What a reading may be off by where peaks are read as flat, as a share of it: the noisiest readings
 # the search is tested against (a peak that moves with the allocator's history).
 FLAT_NOISE = 0.05
+# A batch size past any device's memory: where a step of the search would go further, it goes here.
+MOST = 1 << 62
 
 
 def flat_past(
@@ -147,8 +149,10 @@ def log_width(good: int, high: int | None) -> float | None:
 def closing(good: int, margin: float, margins: int = 1) -> int:
     """The smallest size whose failure to fit leaves ``good`` within ``margin`` of the largest
     that fits: trying it either ends the search or gains the margin. ``margins`` > 1: the size
-    that many margins past ``good`` (the steps of a climb that doubles them)."""
-    return math.floor(good / (1 - margin) ** margins) + 1
+    that many margins past ``good`` (the steps of a climb that doubles them), at most ``MOST``: a long
+    climb's margins would otherwise shrink the divisor to 0."""
+    shrink = (1 - margin) ** margins
+    return MOST if shrink * MOST <= good else math.floor(good / shrink) + 1
 
 
 def split(good: int, high: int, share: float = 0.5, linear: bool = False) -> int:
