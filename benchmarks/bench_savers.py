@@ -456,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
             skipped = {"framework": framework, "mode": mode, "limit": limit, "skipped": "budget"}
             return {**skipped, **({"largest_batch": None, "search": "not run: budget"} if "search" in parts else {})}
         done = row(framework, mode, gpu, deadline, limit, args.search_seconds, parts)
-        return {**done, "concurrent": args.jobs} if "search" in parts else done
+        searched = "search" in parts and not str(done.get("search", "")).startswith("not run")
+        return {**done, "concurrent": args.jobs} if searched else done
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for done in pool.map(one, *zip(*order, strict=True)) if order else []:

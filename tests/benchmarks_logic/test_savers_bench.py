@@ -121,3 +121,14 @@ def test_caps_that_add_up_past_the_gpu_are_refused_before_anything_runs(
     assert exited.value.code == 2 and not out.exists()
     said = capsys.readouterr().err
     assert "--jobs 4 x --limit 40GiB" in said and "at most 3 at once" in said, said
+
+
+def test_a_search_not_run_says_nothing_of_how_searches_ran(bench: ModuleType, tmp_path: Path) -> None:
+    # Two at once, but the budget holds neither search: the rows say "not run", with no "concurrent" that a
+    # merge would lay over how the earlier search of that row ran.
+    out = tmp_path / "savers.json"
+    argv = ["--cpu", "--frameworks", "jax", "--modes", "matmuls,offload", "--parts", "search"]
+    assert bench.main([*argv, "--jobs", "2", "--budget", "60", "--search-seconds", "500", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["search"].startswith("not run") for r in rows] == [True, True], rows
+    assert all("concurrent" not in r for r in rows), rows
