@@ -581,6 +581,12 @@ class Search:
     def search_room_after_region(self, snapshot: MemoryStats) -> int | None:
         return None
 
+    def search_notes(self) -> list[str]:
+        return []
+
+    def search_make_room(self, snapshot: MemoryStats, adds: int, device: int) -> None:
+        return None
+
     def trial_context(self, model: Any) -> Callable[[], contextlib.AbstractContextManager[None]] | None:
         return None
 

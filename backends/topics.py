@@ -304,6 +304,16 @@ class SearchTopic(Protocol):
         compilations take nothing from the pool, or the figures are unknown."""
         ...
 
+    def search_notes(self) -> list[str]:
+        """What the framework has to say of the search that just ended (``search_done`` ran), for its notes."""
+        ...
+
+    def search_make_room(self, snapshot: MemoryStats, adds: int, device: int) -> None:
+        """Before a call predicted to add ``adds`` bytes to what is in use (as ``snapshot`` shows it), in a
+        pool grown on demand in regions: grow the pool by one region that holds all of them, so that the
+        call's buffers are cut from it rather than each taking a region of its own. Nothing elsewhere."""
+        ...
+
     def trial_context(self, model: Any) -> Callable[[], contextlib.AbstractContextManager[None]] | None:
         """A callable returning a fresh context per trial of ``find_batch_size(..., model=model)`` in
         which the trial makes no collective; None when ``model`` is not this framework's. Raises

@@ -13,10 +13,13 @@ compile at once where several are asked at once, and each leaves after ``_IDLE_S
 request or when this process ends. Its allocator is the platform's, so what its autotuning took is
 given back at once and an idle one holds only its context.
 
-Two ways in: a jitted function and its (abstract) arguments, exported with ``jax.export`` by their
-leaves (any container crosses, an optimizer's named-tuple state included); or a ``Lowered`` step,
-whose StableHLO text is compiled through JAX's own compile entry (internal to JAX: where that entry
-is not there, the caller compiles here instead).
+Three ways in: a jitted function and its (abstract) arguments, exported with ``jax.export`` by their
+leaves (any container crosses, an optimizer's named-tuple state included); a ``Lowered`` step, whose
+StableHLO text is compiled through JAX's own compile entry; or a ``Lowered`` step compiled here
+through JAX's persistent compilation cache (``compile_through_cache``): the fresh process compiles
+the very module and options this process would, under the key this process computes, and this
+process loads the executable (no compilation here, no autotuning, no region), as does the step's own
+call later. Each uses JAX internals: where they are not there, the caller compiles here instead.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,9 +44,12 @@ __all__ = [
     "close_compilers",
     "compile_exported",
     "compile_lowered",
+    "compile_through_cache",
     "figures",
+    "fresh_compilations",
     "load_autotuned",
     "peak_of",
+    "persistent_cache_directory",
     "platform",
     "serve",
 ]
@@ -56,6 +63,17 @@ _FRESH_SECONDS = 900
 # context back): longer than a failed trial of a large step takes, so one search keeps its process.
 _IDLE_SECONDS = 60.0
 _MARK = "UNIMEM-COMPILED "
+# JAX's settings of its persistent compilation cache that decide where an entry goes, whether it is
+# written and under which key: a fresh process takes this process's values with each request.
+_CACHE_SETTINGS = (
+    "jax_compilation_cache_dir",
+    "jax_compilation_cache_include_metadata_in_key",
+    "jax_persistent_cache_min_entry_size_bytes",
+    "jax_compilation_cache_max_size",
+)
+# The seconds of each compilation a fresh process made for this process (a load from the persistent
+# cache is not one): what the user paid for there.
+fresh_compilations: list[float] = []
 
 # Run by a fresh process: serve compilations until stdin closes or it is idle too long.
 _SERVER = r"""
@@ -123,11 +141,11 @@ def autotune_directory() -> str:
     return str(directory)
 
 
-def _child_env(directory: str) -> dict[str, str]:
+def _child_env() -> dict[str, str]:
     # The platform's allocator: the autotuning's buffers go back to the device at once, not to a pool.
+    # XLA_FLAGS stay this process's: they are part of a persistent cache entry's key (the autotune
+    # directory goes with each request instead).
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", XLA_PYTHON_CLIENT_ALLOCATOR="platform")
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(AUTOTUNE_FLAG + "=")]
-    env["XLA_FLAGS"] = " ".join([*flags, f"{AUTOTUNE_FLAG}={directory}"])
     env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
     return env
 
@@ -143,18 +161,19 @@ class _Compiler:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.errors,
-            env=_child_env(autotune_directory()),
+            env=_child_env(),
         )
 
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def ask(self, kind: str, donated: list[int], blob: bytes) -> dict[str, Any]:
+    def ask(self, kind: str, donated: list[int], blob: bytes, extra: dict[str, Any]) -> dict[str, Any]:
         assert self.process.stdin is not None and self.process.stdout is not None
         timer = threading.Timer(_FRESH_SECONDS, self.process.kill)  # a compilation that never ends
         timer.start()
         try:
-            header = json.dumps({"kind": kind, "donated": donated, "length": len(blob)})
+            request = {**extra, "kind": kind, "donated": donated, "length": len(blob)}
+            header = json.dumps({**request, "autotune": autotune_directory()})
             self.process.stdin.write(header.encode() + b"\n" + blob)
             self.process.stdin.flush()
             for line in self.process.stdout:
@@ -199,15 +218,18 @@ def _take() -> _Compiler:
     return _Compiler()
 
 
-def _run_child(kind: str, donated: list[int], blob: bytes) -> dict[str, Any]:
+def _run_child(kind: str, donated: list[int], blob: bytes, **extra: Any) -> dict[str, Any]:
     compiler = _take()
     try:
-        found = compiler.ask(kind, donated, blob)
+        found = compiler.ask(kind, donated, blob, extra)
     except FreshCompileError:
         compiler.close()
         raise
+    seconds = found.pop("compile_seconds", None)
     with _lock:
         _idle.append(compiler)
+        if seconds is not None:
+            fresh_compilations.append(float(seconds))
     return found
 
 
@@ -234,7 +256,11 @@ def serve(idle: float = _IDLE_SECONDS) -> None:
         request = json.loads(header)
         blob = source.read(request["length"])
         try:
-            answer: dict[str, Any] = {"figures": child_compile(request["kind"], request["donated"], blob)}
+            if request["kind"] == "cached":
+                found = _compile_into_cache(request, blob)
+            else:
+                found = child_compile(request["kind"], request["donated"], blob, request.get("autotune"))
+            answer: dict[str, Any] = {"figures": found}
         except Exception as exc:  # the parent compiles in its own process instead
             answer = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
         out.write(_MARK + json.dumps(answer) + "\n")
@@ -275,15 +301,21 @@ def compile_lowered(lowered: Any) -> dict[str, Any]:
     return _run_child("module", [], lowered.as_text().encode())
 
 
-def child_compile(kind: str, donated: list[int], blob: bytes) -> dict[str, Any]:
-    """In the fresh process: compile what the parent sent and return its ``figures``."""
+def child_compile(kind: str, donated: list[int], blob: bytes, autotune: str | None = None) -> dict[str, Any]:
+    """In the fresh process: compile what the parent sent, its kernel choices kept in ``autotune`` (the
+    shared autotune directory), and return its ``figures`` and the seconds the compilation took."""
     import jax
 
+    overrides = {} if autotune is None else {AUTOTUNE_FLAG.lstrip("-"): autotune}
+    hits = _cache_hits()
+    began = time.perf_counter()
     if kind == "export":
         from jax import export
 
         exported = export.deserialize(bytearray(blob))
-        return figures(jax.jit(exported.call, donate_argnums=tuple(donated)).lower(*exported.in_avals).compile())
+        lowered = jax.jit(exported.call, donate_argnums=tuple(donated)).lower(*exported.in_avals)
+        found = figures(lowered.compile(compiler_options=overrides or None))
+        return {**found, "compile_seconds": _seconds_if_compiled(began, hits)}
     from jax._src import compiler
     from jax._src.interpreters import mlir
     from jax._src.lib import xla_client
@@ -292,16 +324,86 @@ def child_compile(kind: str, donated: list[int], blob: bytes) -> dict[str, Any]:
     device = jax.devices()[0]
     with mlir.make_ir_context():
         module = ir.Module.parse(blob.decode())
-        options = compiler.get_compile_options(num_replicas=1, num_partitions=1, device_assignment=((device,),))
+        options = compiler.get_compile_options(
+            num_replicas=1, num_partitions=1, device_assignment=((device,),), env_options_overrides=overrides
+        )
         executable = compiler.backend_compile_and_load(
             device.client, module, xla_client.DeviceList((device,)), options, []
         )
+    seconds = round(time.perf_counter() - began, 3)
+    return {**_executable_figures(executable, device.platform), "compile_seconds": seconds}
+
+
+def _executable_figures(executable: Any, on: str) -> dict[str, Any]:
+    """A loaded executable's memory figures (``figures``' fields) and whether XLA rematerialized it."""
     stats = executable.get_compiled_memory_stats()
     fields = ("argument", "output", "alias", "temp", "generated_code")
     found: dict[str, Any] = {name: int(getattr(stats, f"{name}_size_in_bytes", 0) or 0) for name in fields}
-    found["peak"] = peak_of(stats, device.platform)
-    found["platform"] = device.platform
+    found["peak"] = peak_of(stats, on)
+    found["platform"] = on
     return found
+
+
+_hits = [0]  # persistent-cache hits this process saw (a fresh process counts its own)
+
+
+def _cache_hits() -> int:
+    """The persistent-cache hits seen so far, counted from JAX's own events (listening from the first ask)."""
+    if not _hits[1:]:
+        from jax import monitoring
+
+        def hit(event: str, **_: Any) -> None:
+            if event == "/jax/compilation_cache/cache_hits":
+                _hits[0] += 1
+
+        monitoring.register_event_listener(hit)
+        _hits.append(1)
+    return _hits[0]
+
+
+def _seconds_if_compiled(began: float, hits: int) -> float | None:
+    """The seconds since ``began`` where what was asked compiled; None where it was loaded from the cache."""
+    return None if _cache_hits() > hits else round(time.perf_counter() - began, 3)
+
+
+def _compile_into_cache(request: dict[str, Any], blob: bytes) -> dict[str, Any]:
+    """In the fresh process: compile the parent's module with the parent's options and devices, through
+    JAX's persistent compilation cache set as the parent's (every entry written, whatever its seconds),
+    so that the entry lands under the key the parent computes; its ``figures``, and the seconds of the
+    compilation (None where the entry was there already)."""
+    import jax
+    import numpy as np
+    from jax._src import compilation_cache, compiler
+    from jax._src.interpreters import mlir
+    from jax._src.lib import xla_client
+    from jax._src.lib.mlir import ir
+
+    settings = {**request["cache"], "jax_persistent_cache_min_compile_time_secs": 0.0}
+    changed = False
+    for name, value in settings.items():
+        if getattr(jax.config, name) != value:
+            jax.config.update(name, value)
+            changed = True
+    if changed:
+        compilation_cache.reset_cache()  # the cache is looked up once per process: look again
+    split = request["options_length"]
+    options = xla_client.CompileOptions.ParseFromString(blob[:split])
+    by_id = {device.id: device for device in jax.devices()}
+    chosen = [by_id[i] for i in request["devices"]]
+    devices: Any = np.empty(len(chosen), dtype=object)
+    devices[:] = chosen
+    hits, began = _cache_hits(), time.perf_counter()
+    with mlir.make_ir_context():
+        module = ir.Module.parse(blob[split:])
+        executable = compiler.compile_or_get_cached(
+            chosen[0].client,
+            module,
+            devices.reshape(request["shape"]),
+            options,
+            [],
+            xla_client.DeviceList(tuple(chosen)),
+        )
+    return {**_executable_figures(executable, chosen[0].platform), "compile_seconds": _seconds_if_compiled(began, hits)}
 
 
 def load_autotuned(lowered: Any) -> Any:
@@ -309,3 +411,91 @@ def load_autotuned(lowered: Any) -> Any:
     are loaded (no autotuning, no region taken) and kept in XLA's in-memory results, which this
     process's own later compilation of the same step then uses."""
     return lowered.compile(compiler_options={AUTOTUNE_FLAG.lstrip("-"): autotune_directory()})
+
+
+# --- compiled elsewhere, loaded here: JAX's persistent compilation cache -----------------------------
+
+_local = threading.local()  # a thread's compilation to be made in a fresh process (``compile_through_cache``)
+_original: list[Any] = []  # JAX's own ``compile_or_get_cached``, once it is wrapped
+
+
+def persistent_cache_directory() -> str | None:
+    """The persistent compilation cache this process and its fresh compilers share: the one JAX is set
+    to, else unimem's (``$XDG_CACHE_HOME/unimem/jax-compilation-cache``), turned on here and left on so
+    that training's first step at a size compiled for the search loads it. None where it cannot serve:
+    the user turned the cache off, or JAX's XLA caches leave out the per-fusion autotune directory (a
+    step this process compiles itself would then autotune here), or this JAX lacks what this uses."""
+    import jax
+
+    try:
+        from jax._src import compilation_cache, compiler
+    except ImportError:  # a JAX without these internals
+        return None
+    if not hasattr(compiler, "compile_or_get_cached") or not hasattr(compilation_cache, "reset_cache"):
+        return None
+    if not jax.config.jax_enable_compilation_cache:
+        return None
+    caches = jax.config.jax_persistent_cache_enable_xla_caches or ""
+    if caches != "all" and "xla_gpu_per_fusion_autotune_cache_dir" not in caches:
+        return None
+    directory: str | None = jax.config.jax_compilation_cache_dir
+    if directory is None:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        path = base / "unimem" / "jax-compilation-cache"
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError:  # a read-only home: no cache to share
+            return None
+        directory = str(path)
+        jax.config.update("jax_compilation_cache_dir", directory)
+        compilation_cache.reset_cache()  # a process that compiled before looked for no cache, once
+    return directory
+
+
+def _wrapped_compile_or_get_cached(
+    backend: Any, computation: Any, devices: Any, compile_options: Any, host_callbacks: Any, *rest: Any, **kw: Any
+) -> Any:
+    """JAX's ``compile_or_get_cached``; for a thread inside ``compile_through_cache``, the fresh process
+    compiles first (what JAX then finds in the cache, it loads)."""
+    if getattr(_local, "pending", False):
+        _local.pending = False  # one module per step: a second in the same call compiles as JAX does
+        if host_callbacks:  # not written to the cache (they are pointers of this process)
+            raise FreshCompileError("the step has host callbacks: it is compiled in this process")
+        import jax
+        from jax._src.interpreters import mlir
+
+        options = compile_options.SerializeAsString()
+        module = mlir.module_to_bytecode(computation)
+        _local.answer = _run_child(
+            "cached",
+            [],
+            options + module,
+            options_length=len(options),
+            devices=[int(device.id) for device in devices.flat],
+            shape=list(devices.shape),
+            cache={name: getattr(jax.config, name) for name in _CACHE_SETTINGS},
+        )
+    return _original[0](backend, computation, devices, compile_options, host_callbacks, *rest, **kw)
+
+
+def compile_through_cache(lowered: Any) -> tuple[Any, dict[str, Any] | None]:
+    """``lowered`` compiled in a fresh process into the persistent compilation cache and loaded here:
+    the ``Compiled`` step, and the fresh process's figures (None where JAX served the step from what
+    it already held in memory). ``FreshCompileError`` where the cache cannot serve
+    (``persistent_cache_directory``), the step spans several devices, or the fresh process failed."""
+    if len(getattr(lowered._lowering, "_device_list", None) or [None]) != 1:
+        raise FreshCompileError("the step spans several devices: it is compiled in this process")
+    if persistent_cache_directory() is None:
+        raise FreshCompileError("JAX's persistent compilation cache cannot serve here")
+    from jax._src import compiler
+
+    with _lock:
+        if not _original:  # wrapped once, for good: a thread not inside this call goes straight through
+            _original.append(compiler.compile_or_get_cached)
+            compiler.compile_or_get_cached = _wrapped_compile_or_get_cached
+    _local.pending, _local.answer = True, None
+    try:
+        compiled = lowered.compile()
+    finally:
+        _local.pending = False
+    return compiled, _local.answer

@@ -22,8 +22,10 @@ from unimem.backends.jax._fresh_compile import (
     autotune_directory,
     close_compilers,
     compile_lowered,
+    compile_through_cache,
     load_autotuned,
     peak_of,
+    persistent_cache_directory,
     platform,
 )
 
@@ -86,16 +88,40 @@ class JaxSearch(Search):
         """A fresh process compiles the step with the kernel choices made for the search, not autotuning
         its own: on an H200 a first step's own autotuning took 32-64 GiB of regions before its
         temporaries (docs/measurements.md)."""
+        if self._served is not None:
+            return (
+                f'start it with JAX_COMPILATION_CACHE_DIR="{self._served}", which holds the executables and '
+                "kernel choices made for the search: it then loads a size the search compiled, and compiles another "
+                "without autotuning, whose buffers would take regions of its own pool"
+            )
         return (
             f'start it with XLA_FLAGS="{AUTOTUNE_FLAG}={autotune_directory()}", which holds the kernel choices '
             "made for the search: it then compiles the step without autotuning, whose buffers would take regions "
             "of its own pool"
         )
 
+    _served: str | None = None  # the persistent compilation cache the search's sizes were compiled into
+
     def search_done(self) -> None:
         """The processes that compiled the search's sizes leave now: each holds a context on the device,
         which the training after the search may need."""
         close_compilers()
+        self._served = _through_cache[-1] if _through_cache else None
+        _through_cache.clear()
+
+    def search_notes(self) -> list[str]:
+        """Where the search's sizes were compiled into the persistent compilation cache: that the answer's
+        step is there, and how another process loads it rather than compiling it (autotuning on buffers
+        of its own pool: on an H200 the whole-GPU Flax MLP's answer, 2,045,670, did not run in a fresh
+        process that compiled it; docs/measurements.md)."""
+        if self._served is None:
+            return []
+        return [
+            f"each size was compiled in a fresh process into JAX's persistent compilation cache ({self._served}), "
+            "which this process reads: training here loads the answer's compiled step instead of compiling it. "
+            f'Another process loads it where JAX_COMPILATION_CACHE_DIR="{self._served}" is set; compiling the step '
+            "itself, it autotunes on buffers from its own pool, which may leave too little room at this size"
+        ]
 
     def search_capacity(self, snapshot: MemoryStats) -> int | None:
         """The bytes a trial's peak may reach: the cap, less what a pool grown on demand cannot give
@@ -137,6 +163,25 @@ class JaxSearch(Search):
             return None
         left, region = limit - pool, max(pool, 2 * block)
         return max(block, left - region if region < left else left)
+
+    def search_make_room(self, snapshot: MemoryStats, adds: int, device: int) -> None:
+        """With growth on, XLA's allocator grows its pool by regions of doubling size (a power of two
+        bytes), a new one when no free block holds a request, and cuts every later buffer from them.
+        A step's inputs, made before it runs, then take a region of their own up to twice their size,
+        and its temporaries may find too little room beside it (on an H200 a Flax MLP's 8.2 GiB inputs
+        took a 16 GiB region and its 90.4 GiB of temporaries failed under a 104.85 GiB limit, where
+        one region for both had held them). So, where the call adds more than the largest free
+        block and the room under the limit holds it: one buffer a little under ``adds`` grows the pool by
+        a region that holds all the call adds (or all the room left), and is given back at once. An
+        allocation that fails changes nothing."""
+        limit, pool, block = snapshot.limit, snapshot.reserved, snapshot.largest_free_block
+        if limit is None or pool is None or block is None or adds <= block or adds > limit - pool:
+            return
+        # Half the power of two at or above ``adds`` and a byte takes that power of two in a pool that
+        # doubles its regions; ``adds`` less a sixty-fourth (at most 64 MiB) nearly all of it in one that
+        # grows otherwise. Either way less than ``adds``: the call's own peak passes it and is read.
+        slack = min(adds // 64, 64 << 20)
+        _grow_pool(max((1 << (adds - 1).bit_length()) // 2 + 1, adds - slack), device)
 
     def predict_rematerialized(self, lowered: Any) -> bool | None:
         """Whether XLA rematerialized ``lowered``'s compiled program (recomputes values to fit under its
@@ -191,7 +236,26 @@ class JaxSearch(Search):
         return _DONATED if after_oom and "has been deleted" in str(exc) else None
 
 
+# The persistent compilation caches that served this process's sizing (``compile_through_cache``).
+_through_cache: list[str] = []
 _KEPT = 16  # sized steps remembered: a round of the search sizes two, and asks three figures of each
+
+
+def _grow_pool(nbytes: int, device: int) -> None:
+    """A buffer of ``nbytes`` on local device ``device``, given back at once (the pool keeps the region it
+    took); an out-of-memory error changes nothing and is let go."""
+    jax = sys.modules.get("jax")  # a pool that grows has JAX imported; none to grow otherwise
+    if jax is None:
+        return
+    import jax.numpy as jnp
+
+    try:
+        buffer = jnp.zeros((nbytes,), jnp.uint8, device=jax.local_devices()[device])
+        buffer.block_until_ready()
+        buffer.delete()
+    except jax.errors.JaxRuntimeError as exc:
+        if "RESOURCE_EXHAUSTED" not in str(exc):
+            raise
 
 
 def _grows_on_demand() -> bool:
@@ -207,15 +271,23 @@ def _grows_on_demand() -> bool:
 
 def _size(lowered: Any) -> dict[str, Any] | None:
     """The figures of ``lowered``: on a pool grown on demand a ``Lowered`` is compiled in a fresh process
-    and its kernel choices loaded here (no autotuning here); else it is compiled here."""
+    and loaded here from the persistent compilation cache (no compilation here: the step's own call
+    finds it too); where that cache cannot serve, compiled there and its kernel choices loaded here
+    (a compilation without autotuning); else it is compiled here."""
     stage = lowered
     if hasattr(lowered, "as_text") and hasattr(lowered, "_lowering") and _grows_on_demand():
         try:
-            compile_lowered(lowered)  # autotunes there; the choices land in the shared directory
+            stage, _ = compile_through_cache(lowered)
+            directory = persistent_cache_directory()
+            if directory is not None and directory not in _through_cache:
+                _through_cache.append(directory)
         except FreshCompileError:
-            pass  # compiled here below, autotuning in this process as JAX does
-        else:
-            stage = load_autotuned(lowered)  # kept in memory: the step's own compilation finds them
+            try:
+                compile_lowered(lowered)  # autotunes there; the choices land in the shared directory
+            except FreshCompileError:
+                pass  # compiled here below, autotuning in this process as JAX does
+            else:
+                stage = load_autotuned(lowered)  # kept in memory: the step's own compilation finds them
     stage = _compiled(stage)
     analysis = stage.memory_analysis() if hasattr(stage, "memory_analysis") else None
     if analysis is None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from device_view import no_collection, show_a_device
+from unimem.backends.jax import search as jax_search
 
 import unimem
 from unimem import registry
@@ -155,6 +156,18 @@ FLAX_MLP_RAN = dataclasses.replace(
     held=134513920,
     block=79691776,
 )  # fmt: skip
+# The whole-GPU Flax MLP as the H200's search with lower= compiled it in fresh processes, loading each
+# executable (benchmarks/results/search-gpu-h200.json, 2026-12-04): the temporaries of the sizes compiled,
+# each compilation's seconds there, and nothing taken from this process's pool by compiling.
+FLAX_MLP_FRESH = dataclasses.replace(
+    FLAX_MLP_RAN,
+    name="flax-mlp-fresh",
+    curve=_points([(8, 4194304), (1024, 33565720), (262144, 17212178432), (1508755, 69589254144),
+                   (2045670, 94349578240), (2153337, 97110392832)]),
+    seconds=((1024, 2.573), (262144, 3.587), (1508755, 8.061), (2045670, 10.656), (2153337, 10.999)),
+    autotune=0.0,
+    tracker=1.0,  # 2,153,337 (98.85 GiB by the buffer assignment) compiled without rematerialization
+)  # fmt: skip
 MEASURED = (FLAX_MLP, JAX_MLP, JAX_TRANSFORMER)
 WHOLE_GPU = FLAX_MLP.limit  # an H200's pool with growth on and no cap (104.85 GiB)
 CAPPED = JAX_MLP.limit  # the same under configure(limit="8GiB")
@@ -197,6 +210,9 @@ class Device:
 
     compiler: Compiler
     autotune: float | None = None  # overrides the compiler's
+    # A call's inputs and outputs take their piece of the pool before its temporaries (else only the
+    # temporaries are held against it).
+    apart: bool = False
     regions: list[int] = field(default_factory=list)  # the pool's free regions beside its first piece
     pool: int = 0
     block: int = 0  # the first piece's free block
@@ -227,8 +243,11 @@ class Device:
 
     def take(self, size: int) -> bool:
         """A buffer of ``size`` bytes for a moment (freed after): from a free block, else a new region."""
-        if size <= self.largest_free:
-            return True
+        return size <= self.largest_free or self._region(size)
+
+    def _region(self, size: int) -> bool:
+        """A new region for a buffer of ``size`` bytes, as XLA's allocator grows its pool: the next
+        region's size, doubled until it holds the buffer, at most the room left under the limit."""
         available = self.compiler.limit - self.pool
         if size > available:
             return False
@@ -240,6 +259,27 @@ class Device:
         self.pool += region
         self.grow = region if doubled else 2 * region
         return True
+
+    def take_call(self, n: int) -> bool:
+        """What a call of size ``n`` takes from the pool: its temporaries alone, or with ``apart`` its
+        inputs and outputs first, then its temporaries beside them."""
+        c = self.compiler
+        return self.take_beside(c.args_per_sample * n + c.outputs, c.temp(n)) if self.apart else self.take(c.temp(n))
+
+    def take_beside(self, first: int, then: int) -> bool:
+        """A buffer of ``first`` bytes (a step's inputs, made before it runs, and its outputs), then one of
+        ``then`` (its temporaries) while the first is held, both freed after: each cut from the smallest
+        free block that holds it (a best fit), else from a new region."""
+        pieces = [self.block, *self.regions]
+        fit = [piece for piece in pieces if piece >= first]
+        if fit:
+            pieces.remove(min(fit))
+            pieces.append(min(fit) - first)
+        elif self._region(first):
+            pieces.append(self.regions[-1] - first)
+        else:
+            return False
+        return then <= max(pieces) or self._region(then)
 
     # --- XLA ---------------------------------------------------------------------------------------
     def compile(self, n: int) -> Analysis:
@@ -256,16 +296,13 @@ class Device:
     def fits(self, n: int) -> bool:
         """Whether ``n`` runs now, after its compilation (not rematerialized: at full speed)."""
         self.compile(n)
-        return (
-            not self.compiler.rematerialized(n)
-            and self.compiler.peak(n) + self.kept <= self.compiler.limit
-            and (self.take(self.compiler.temp(n)))
-        )
+        c = self.compiler
+        return not c.rematerialized(n) and c.peak(n) + self.kept <= c.limit and self.take_call(n)
 
     def step(self, n: int) -> None:
         self.compile(n)  # the step's own compilation where the search's did not serve it
         c = self.compiler
-        ok = c.peak(n) + self.kept <= c.limit and self.take(c.temp(n))
+        ok = c.peak(n) + self.kept <= c.limit and self.take_call(n)
         self.calls.append((n, ok))
         if not ok:
             self.clock += FAIL_SECONDS
@@ -340,6 +377,8 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Simulated:
         a, c = lowered.memory_analysis(), lowered.device.compiler
         return max(a.temp_size_in_bytes, c.args_per_sample * lowered.n, c.parameter)
 
+    # The search grows the pool by one buffer given back at once (``search_make_room``).
+    monkeypatch.setattr(jax_search, "_grow_pool", lambda nbytes, device: current.device and current.device.take(nbytes))
     monkeypatch.setattr(jax.search, "predict_peak", predict_peak)
     monkeypatch.setattr(jax.search, "predict_largest_buffer", predict_largest_buffer)
     monkeypatch.setattr(runner, "clock", lambda: current.device.clock if current.device else 0.0)

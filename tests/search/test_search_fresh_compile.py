@@ -1,10 +1,13 @@
 """The JAX search on a pool grown on demand sizes each lowered step in a fresh process.
 
 On a GPU with growth on, a compilation's autotuning takes pool regions that stay for the life of the
-process, so the search compiles each size it sizes in a fresh process and loads the kernel choices
-here. The CPU has no pool, so these tests say "grown on demand" themselves and check what a user
-relies on: every size sized went through a fresh process, the search answers exactly what it answers
-compiling here, and where a fresh process cannot compile, the search compiles here instead.
+process, so the search compiles each size it sizes in a fresh process, into JAX's persistent
+compilation cache, and loads the executable here: nothing compiles here, neither the sizing nor the
+step's own calls, nor training's first step after the search. The CPU has no pool, so these tests say
+"grown on demand" themselves and check what a user relies on: every size sized was compiled once, in
+a fresh process, and none here; the search answers exactly what it answers compiling here; where the
+cache cannot serve, a fresh process still compiles and its kernel choices are loaded here; where no
+fresh process can compile, the search compiles here.
 """
 
 from __future__ import annotations
@@ -16,10 +19,25 @@ import pytest
 pytestmark = pytest.mark.slow  # fresh interpreters that import JAX and compile several sizes
 
 _SEARCH = r"""
-import sys
+import os, sys, tempfile, threading
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp()  # unimem's caches start empty, away from the home
 import jax, jax.numpy as jnp
+from jax import monitoring
 import unimem
+from unimem import registry
 from unimem.backends.jax import search as jax_search, _fresh_compile
+
+# Compilations of the step here, as JAX reports them; one that loaded from the persistent cache is not one.
+compiled_here, loaded_here, hit = [], [], threading.local()
+def on_event(event, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+        hit.on = True
+def on_duration(event, seconds, **kw):
+    if event == "/jax/core/compile/backend_compile_duration" and kw.get("fun_name") == "jit(loss)":
+        (loaded_here if getattr(hit, "on", False) else compiled_here).append(seconds)
+        hit.on = False
+monitoring.register_event_listener(on_event)
+monitoring.register_event_duration_secs_listener(on_duration)
 
 D = 256
 def loss(w, x):
@@ -41,29 +59,47 @@ def search():
     return unimem.find_batch_size(step, start=8, backend="jax", lower=lower, limit=LIMIT, return_trials=True)
 
 here = search().as_dict()
-fresh, loaded, started = [], [], []
+jax.clear_caches()
+started, asked = [], []
 init = _fresh_compile._Compiler.__init__
 def spy_start(self):
     started.append(1)
     init(self)
 _fresh_compile._Compiler.__init__ = spy_start
-compile_lowered, load_autotuned = jax_search.compile_lowered, jax_search.load_autotuned
-def spy_compile(lowered):
-    fresh.append(lowered.in_avals[0][1].shape[0])
-    return compile_lowered(lowered)
+run_child = _fresh_compile._run_child
+def spy_run(kind, donated, blob, **extra):
+    asked.append(kind)
+    return run_child(kind, donated, blob, **extra)
+_fresh_compile._run_child = spy_run
+jax_search._grows_on_demand = lambda: True
+compiled_here.clear(); loaded_here.clear(); fresh_before = len(_fresh_compile.fresh_compilations)
+pooled = search().as_dict()
+cached = {"compiled_here": list(compiled_here), "fresh": _fresh_compile.fresh_compilations[fresh_before:],
+          "asked": list(asked), "started": len(started), "idle_after": len(_fresh_compile._idle),
+          "advice": registry.get_backend("jax").search.fresh_process_advice,
+          "directory": jax.config.jax_compilation_cache_dir}
+compiled_here.clear(); loaded_here.clear()
+step(pooled["batch_size"])  # training's first step after the search, which dropped the compiled steps
+cached["after"] = {"compiled_here": list(compiled_here), "loaded_here": len(loaded_here)}
+
+# Where the cache cannot serve (the user turned it off), the kernel choices are loaded instead.
+jax.config.update("jax_enable_compilation_cache", False)
+jax_search._through_cache.clear()
+loaded = []
+load_autotuned = jax_search.load_autotuned
 def spy_load(lowered):
     loaded.append(lowered.in_avals[0][1].shape[0])
     return load_autotuned(lowered)
-jax_search.compile_lowered, jax_search.load_autotuned = spy_compile, spy_load
-jax_search._grows_on_demand = lambda: True
-pooled = search().as_dict()
-idle_after = len(_fresh_compile._idle)
-def refuse(lowered):
+jax_search.load_autotuned = spy_load
+asked.clear()
+no_cache = search().as_dict()
+no_cache_asked, no_cache_advice = list(asked), registry.get_backend("jax").search.fresh_process_advice
+def refuse(*args, **kwargs):
     raise _fresh_compile.FreshCompileError("no compile entry here")
-jax_search.compile_lowered = refuse
+jax_search.compile_lowered = jax_search.compile_through_cache = refuse
 fallback = search().as_dict()
-emit({"here": here, "pooled": pooled, "fallback": fallback, "fresh": fresh, "loaded": loaded,
-      "started": len(started), "idle_after": idle_after})
+emit({"here": here, "pooled": pooled, "cached": cached, "no_cache": no_cache, "no_cache_asked": no_cache_asked,
+      "loaded": loaded, "no_cache_advice": no_cache_advice, "fallback": fallback})
 """
 
 
@@ -71,18 +107,37 @@ def _sizes(search: dict[str, Any]) -> list[int]:
     return [t["batch_size"] for t in search["trials"] + search["confirmations"]]
 
 
-def test_each_size_is_compiled_in_a_fresh_process_and_the_answer_is_the_same(need: Any, pyjson: Any) -> None:
+def test_each_size_is_compiled_once_in_a_fresh_process_and_none_here(need: Any, pyjson: Any) -> None:
     need("jax")
     r = pyjson(_SEARCH)
-    here, pooled = r["here"], r["pooled"]
+    here, pooled, cached = r["here"], r["pooled"], r["cached"]
     assert pooled["batch_size"] == here["batch_size"] and _sizes(pooled) == _sizes(here), (pooled, here)
     assert [n for n, _ in pooled["predictions"]] == [n for n, _ in here["predictions"]]
-    sized = sorted(n for n, _ in pooled["predictions"])
-    assert sorted(r["fresh"]) == sized  # every size sized went through a fresh process, once
-    assert sorted(r["loaded"]) == sized  # and its kernel choices were loaded here
+    sized = len(pooled["predictions"])
+    # Every size sized was compiled once, in a fresh process, into the persistent cache ...
+    assert cached["asked"] == ["cached"] * sized and len(cached["fresh"]) == sized, cached
+    # ... and nothing compiled here: not the sizing, not the step's own calls in the trials.
+    assert cached["compiled_here"] == [], cached
     # One process serves the sizes compiled one after another; a round of two may start a second.
-    assert 1 <= r["started"] <= 2 < len(sized), (r["started"], sized)
-    assert r["idle_after"] == 0  # and left when the search ended: each holds a context on the device
+    assert 1 <= cached["started"] <= 2 < sized, (cached["started"], sized)
+    assert cached["idle_after"] == 0  # and left when the search ended: each holds a context on the device
+    # Training's first step after the search loads the answer's executable: no compilation here.
+    assert cached["after"] == {"compiled_here": [], "loaded_here": 1}, cached["after"]
+    # A fresh process is told where the executables are; the notes say where the answer's step is.
+    assert f'JAX_COMPILATION_CACHE_DIR="{cached["directory"]}"' in cached["advice"], cached["advice"]
+    said = [note for note in pooled["notes"] if "persistent compilation cache" in note]
+    assert len(said) == 1 and f'JAX_COMPILATION_CACHE_DIR="{cached["directory"]}"' in said[0], pooled["notes"]
+    assert not any("persistent compilation cache" in note for note in here["notes"]), here["notes"]
+
+
+def test_without_the_persistent_cache_the_kernel_choices_are_loaded_instead(need: Any, pyjson: Any) -> None:
+    need("jax")
+    r = pyjson(_SEARCH)
+    assert r["no_cache"]["batch_size"] == r["here"]["batch_size"]
+    sized = sorted(n for n, _ in r["no_cache"]["predictions"])
+    assert r["no_cache_asked"] == ["module"] * len(sized) and sorted(r["loaded"]) == sized, r
+    assert "XLA_FLAGS=" in r["no_cache_advice"], r["no_cache_advice"]
+    assert not any("persistent compilation cache" in note for note in r["no_cache"]["notes"]), r["no_cache"]
 
 
 def test_where_a_fresh_process_cannot_compile_the_search_compiles_here(need: Any, pyjson: Any) -> None:

@@ -113,6 +113,17 @@ class Framework:
             return None
         return self.adapter.search.search_room_after_region(snapshot)
 
+    def search_notes(self) -> list[str]:
+        """What the framework says of the search that just ended (none where no framework's)."""
+        return [] if self.adapter is None else self.adapter.search.search_notes()
+
+    def make_room(self, adds: int) -> None:
+        """Before a call predicted to add ``adds`` bytes: one region that holds them, in a pool grown in
+        regions (``search_make_room``); nothing elsewhere."""
+        snapshot = self.snapshot()
+        if snapshot is not None and self.adapter is not None:
+            self.adapter.search.search_make_room(snapshot, adds, self.device)
+
     def restart_peak(self) -> int | None:
         """Restart the peak before a call; the bytes in use then (None: unknown)."""
         if self.adapter is None:

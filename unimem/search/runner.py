@@ -22,7 +22,14 @@ from unimem.search.limit import bytes_of, passed
 from unimem.search.opening import open_run
 from unimem.search.policy import call_budget, choose, is_converged
 from unimem.search.predicted import STEADY, confirming, opening
-from unimem.search.predictions import first_size, fresh_note, placed_first, predicted_peak, prediction_notes
+from unimem.search.predictions import (
+    first_size,
+    fresh_note,
+    make_room,
+    placed_first,
+    predicted_peak,
+    prediction_notes,
+)
 from unimem.search.progress import interrupted
 from unimem.search.ranks import Outcome, connect
 from unimem.search.result import BatchSizeSearch, Trial
@@ -71,6 +78,7 @@ def _call(step: Callable[[int], Any], run: Run, size: int, kind: str) -> tuple[O
 def _trial(step: Callable[[int], Any], run: Run, size: int, reason: str) -> None:
     """One call of ``step`` that the search places the next size from, recorded."""
     predicted = predicted_peak(run, size)
+    make_room(run, predicted)
     kept_before = run.findings.kept_total
     agreed, run.calls.last_oom = _call(step, run, size, "trial")
     fits, peak = agreed.error is None, agreed.peak
@@ -228,6 +236,7 @@ def _finish(step: Callable[[int], Any], run: Run, converged: bool, began: float)
     notes += prediction_notes(run)
     fresh = fresh_note(run, answer)
     notes += [] if fresh is None else [fresh]
+    notes += run.framework.search_notes()
     if run.start.host is not None:
         notes.append(run.start.host.note(settings.limit))
     if not converged:
