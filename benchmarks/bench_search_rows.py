@@ -22,11 +22,14 @@ both did), then bisected in fresh processes while wider than 1% and time is left
 against it are lower bounds.
 
 JAX rows also record: ``lower`` (searched with ``lower=`` or not); ``compile_calls`` as every
-compilation of the training step the user pays for during the search (counted by JAX's own
-compile events: the search's and the step's own where the search's did not serve it; the
-search's own count is ``search_compile_calls``); ``compile_seconds_at_answer``, one compilation
-at the answer's size, alone, in a fresh process after the search; ``in_process_5_percent``, the
-probe at ``ceil(answer x 1.05)`` in the searching process after the search (compiled first, then
+compilation of the training step the user pays for during the search: in the searching process
+(counted by JAX's own compile events: the search's and the step's own where the search's did not
+serve it; a load from the persistent compilation cache is ``cache_loads``, not a compilation) and
+in the fresh processes that compiled for it (``fresh_compile_seconds``); the search's own count is
+``search_compile_calls``; each search starts with empty caches of its own;
+``compile_seconds_at_answer``, one compilation at the answer's size, alone, in a fresh process
+after the search; ``in_process_5_percent``, the probe at ``ceil(answer x 1.05)`` in the searching
+process after the search (compiled first, then
 run: ``[size, ran, rematerialized, seconds]``); ``largest_in_process``, the largest size that runs
 at full speed in the searching process after the search (from that probe on, bisected there
 within ``--in-process-budget`` seconds: each probe compiled first, a size XLA rematerialized
@@ -69,7 +72,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -408,18 +414,37 @@ def _ten_steps(step: Callable[[int], None], n: int | None) -> bool | None:
 
 
 class Compiles:
-    """Every compilation of the training step (``jit(train)``) JAX makes from now on, with its
-    seconds, as JAX's own compile events report them: the search's and the step's own alike."""
+    """Every compilation of the training step (``jit(train)``) JAX makes in this process from now on,
+    with its seconds, as JAX's own compile events report them: the search's and the step's own alike.
+    JAX reports a load from its persistent compilation cache with the same event, after a cache hit in
+    the same thread: such a load is counted apart (``loads``), not as a compilation. What fresh
+    processes compiled for this one is ``fresh()``."""
 
     def __init__(self) -> None:
         import jax
+        from unimem.backends.jax import _fresh_compile
 
         self.seconds: list[float] = []
-        jax.monitoring.register_event_duration_secs_listener(self._event)
+        self.loads: list[float] = []
+        self._hit = threading.local()
+        self._fresh = _fresh_compile.fresh_compilations
+        self._fresh_before = len(self._fresh)
+        jax.monitoring.register_event_listener(self._on_event)
+        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
 
-    def _event(self, event: str, duration: float, **kwargs: Any) -> None:
+    def _on_event(self, event: str, **kwargs: Any) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            self._hit.on = True
+
+    def _on_duration(self, event: str, duration: float, **kwargs: Any) -> None:
         if event == "/jax/core/compile/backend_compile_duration" and kwargs.get("fun_name") == "jit(train)":
-            self.seconds.append(round(duration, 3))
+            (self.loads if getattr(self._hit, "on", False) else self.seconds).append(round(duration, 3))
+        if event == "/jax/core/compile/backend_compile_duration":
+            self._hit.on = False
+
+    def fresh(self) -> list[float]:
+        """The seconds of each compilation fresh processes made for this one since it started counting."""
+        return list(self._fresh[self._fresh_before :])
 
 
 def _full_speed(work: Work, n: int) -> tuple[bool, bool | None]:
@@ -528,7 +553,11 @@ def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
         counted, start=spec["start"], backend=spec["framework"], return_trials=True, **kwargs
     )
     calls = list(counted.calls)
-    paid = None if compiles is None else list(compiles.seconds)
+    # Every compilation the user paid for: in this process, and in the fresh processes that compiled for it.
+    here = None if compiles is None else list(compiles.seconds)
+    fresh = None if compiles is None else compiles.fresh()
+    paid = None if here is None or fresh is None else here + fresh
+    loads = None if compiles is None else len(compiles.loads)
     limit = result.limit
     over = [n for n, p in result.predictions if limit is not None and p > limit]
     ends = [] if result.smallest_failure is None else [result.smallest_failure - 1]
@@ -545,12 +574,15 @@ def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
         "failed_calls": sum(1 for _, ok, _ in calls if not ok),
         "compile_calls": result.compile_calls if paid is None else len(paid),
         "search_compile_calls": result.compile_calls,
-        "compile_seconds": paid,  # each compilation of the step the search paid for, in order
+        "compile_seconds": here,  # each compilation of the step in this process, in order
+        "fresh_compile_seconds": fresh,  # each one a fresh process made for this one
+        "cache_loads": loads,  # the step loaded from the persistent compilation cache instead
         "lowered": lowered,  # [size, seconds to lower] per call of lower=; compiling is the search's
         "seconds": result.seconds,
         "same_process_ok": same,
         "ten_steps_seconds": time.perf_counter() - t0,
-        "ten_steps_compile_calls": None if compiles is None or paid is None else len(compiles.seconds) - len(paid),
+        "ten_steps_compile_calls": None if compiles is None or here is None else len(compiles.seconds) - len(here),
+        "ten_steps_cache_loads": None if compiles is None or loads is None else len(compiles.loads) - loads,
         "calls": calls,
         "reported": {"step_calls": result.step_calls, "failed_calls": result.failed_calls},
         "trials": [[t.batch_size, t.fits, t.reason, t.peak, t.predicted, t.kept] for t in result.trials],
@@ -710,6 +742,10 @@ def _compile_seconds(work: Work, size: int) -> float | None:
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec["kind"] == "search" and spec["framework"] == "jax":
+        # unimem's caches (compiled steps, kernel choices) start empty: each search pays its own compilations.
+        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+        os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="unimem-bench-cache-")
     work = build(spec)
     work.step(spec["start"])  # warm-up at the search's start: state, kernels, handles exist before it
     if spec["kind"] == "probe":
