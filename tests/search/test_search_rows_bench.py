@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -168,3 +169,35 @@ def test_a_model_on_the_whole_device_runs_its_baselines_alone(bench: ModuleType)
     waves = bench._waves(["torch-mlp", "flax-mlp", "jax-mlp", "torch-transformer"])
     assert waves == [["torch-mlp", "jax-mlp"], ["torch-transformer"], ["flax-mlp"]]
     assert bench._whole_device("flax-mlp") and not bench._whole_device("jax-mlp")
+
+
+_COUNTED = r"""
+import os, sys, tempfile
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp()  # unimem's persistent cache starts empty
+sys.path.insert(0, BENCH_DIR)
+import jax, jax.numpy as jnp
+import bench_search_rows as bench
+from unimem.backends.jax import _fresh_compile
+
+@jax.jit
+def train(w, x):
+    return (jnp.tanh(x @ w) @ w.T).sum()
+
+w = jnp.ones((128, 128), jnp.float32)
+compiles = bench.Compiles()
+train(w, jnp.ones((8, 128), jnp.float32))  # compiled here
+compiled, _ = _fresh_compile.compile_through_cache(train.lower(w, jax.ShapeDtypeStruct((64, 128), jnp.float32)))
+train(w, jnp.ones((64, 128), jnp.float32))  # the step's own call: what the fresh process compiled
+jax.clear_caches()
+train(w, jnp.ones((64, 128), jnp.float32))  # after the caches were dropped: loaded from the persistent cache
+emit({"here": len(compiles.seconds), "loads": len(compiles.loads), "fresh": len(compiles.fresh())})
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter that imports JAX and starts a compiling process
+def test_every_compilation_is_counted_where_it_was_made_and_a_load_is_not_one(need: Any, pyjson: Any) -> None:
+    need("jax")
+    r = pyjson(f"BENCH_DIR = {str(BENCH.parent)!r}\n" + _COUNTED)
+    # One compilation here (size 8), one in the fresh process (64); the load of 64 into this process and
+    # again after the caches were dropped are no compilations.
+    assert r == {"here": 1, "loads": 2, "fresh": 1}, r
