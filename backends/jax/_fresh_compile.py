@@ -306,7 +306,7 @@ def child_compile(kind: str, donated: list[int], blob: bytes, autotune: str | No
     shared autotune directory), and return its ``figures`` and the seconds the compilation took."""
     import jax
 
-    overrides = {} if autotune is None else {AUTOTUNE_FLAG.lstrip("-"): autotune}
+    overrides: dict[str, str] = {} if autotune is None else {AUTOTUNE_FLAG.lstrip("-"): autotune}
     hits = _cache_hits()
     began = time.perf_counter()
     if kind == "export":
@@ -314,7 +314,8 @@ def child_compile(kind: str, donated: list[int], blob: bytes, autotune: str | No
 
         exported = export.deserialize(bytearray(blob))
         lowered = jax.jit(exported.call, donate_argnums=tuple(donated)).lower(*exported.in_avals)
-        found = figures(lowered.compile(compiler_options=overrides or None))
+        options: dict[str, str | bool] = {**overrides}
+        found = figures(lowered.compile(compiler_options=options or None))
         return {**found, "compile_seconds": _seconds_if_compiled(began, hits)}
     from jax._src import compiler
     from jax._src.interpreters import mlir
@@ -429,16 +430,17 @@ def persistent_cache_directory() -> str | None:
 
     try:
         from jax._src import compilation_cache, compiler
+        from jax._src import config as settings
     except ImportError:  # a JAX without these internals
         return None
     if not hasattr(compiler, "compile_or_get_cached") or not hasattr(compilation_cache, "reset_cache"):
         return None
-    if not jax.config.jax_enable_compilation_cache:
+    if not settings.enable_compilation_cache.value:
         return None
-    caches = jax.config.jax_persistent_cache_enable_xla_caches or ""
+    caches = settings.persistent_cache_enable_xla_caches.value or ""
     if caches != "all" and "xla_gpu_per_fusion_autotune_cache_dir" not in caches:
         return None
-    directory: str | None = jax.config.jax_compilation_cache_dir
+    directory: str | None = settings.compilation_cache_dir.value
     if directory is None:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
         path = base / "unimem" / "jax-compilation-cache"
