@@ -3,9 +3,10 @@ compiled program without running it, and the cause of a step's "Array has been d
 an out-of-memory error. Importing this module imports nothing of JAX.
 
 On a GPU whose pool grows on demand a lowered step is compiled for its figures in a fresh process
-(``_fresh_compile``): autotuning there takes none of this process's pool, and its kernel choices are
-loaded here when this process compiles the step (no autotuning, no region), so the program sized is
-the program that runs."""
+(``_fresh_compile``) into JAX's persistent compilation cache, and loaded here: autotuning there takes
+none of this process's pool, nothing compiles here, and the program sized is the program that runs
+(where the cache cannot serve, its kernel choices are loaded here instead). Before a predicted call,
+the pool is grown by one region for all the call adds (``search_make_room``)."""
 
 from __future__ import annotations
 
