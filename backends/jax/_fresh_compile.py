@@ -345,20 +345,21 @@ def _executable_figures(executable: Any, on: str) -> dict[str, Any]:
     return found
 
 
-_hits = [0]  # persistent-cache hits this process saw (a fresh process counts its own)
+_hits: list[int] = []  # persistent-cache hits this process saw, once counting (a fresh process counts its own)
+
+
+def _count_hit(event: str, **_: Any) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _hits[0] += 1
 
 
 def _cache_hits() -> int:
     """The persistent-cache hits seen so far, counted from JAX's own events (listening from the first ask)."""
-    if not _hits[1:]:
+    if not _hits:
         from jax import monitoring
 
-        def hit(event: str, **_: Any) -> None:
-            if event == "/jax/compilation_cache/cache_hits":
-                _hits[0] += 1
-
-        monitoring.register_event_listener(hit)
-        _hits.append(1)
+        _hits.append(0)
+        monitoring.register_event_listener(_count_hit)
     return _hits[0]
 
 
@@ -468,7 +469,7 @@ def _wrapped_compile_or_get_cached(
 
         options = compile_options.SerializeAsString()
         module = mlir.module_to_bytecode(computation)
-        _local.answer = _run_child(
+        _run_child(
             "cached",
             [],
             options + module,
@@ -480,14 +481,15 @@ def _wrapped_compile_or_get_cached(
     return _original[0](backend, computation, devices, compile_options, host_callbacks, *rest, **kw)
 
 
-def compile_through_cache(lowered: Any) -> tuple[Any, dict[str, Any] | None]:
-    """``lowered`` compiled in a fresh process into the persistent compilation cache and loaded here:
-    the ``Compiled`` step, and the fresh process's figures (None where JAX served the step from what
-    it already held in memory). ``FreshCompileError`` where the cache cannot serve
-    (``persistent_cache_directory``), the step spans several devices, or the fresh process failed."""
+def compile_through_cache(lowered: Any) -> tuple[Any, str]:
+    """``lowered`` compiled in a fresh process into the persistent compilation cache and loaded here
+    (where JAX holds it in memory already, nothing is compiled anywhere): the ``Compiled`` step, and the
+    cache's directory. ``FreshCompileError`` where the cache cannot serve (``persistent_cache_directory``),
+    the step spans several devices, or the fresh process failed."""
     if len(getattr(lowered._lowering, "_device_list", None) or [None]) != 1:
         raise FreshCompileError("the step spans several devices: it is compiled in this process")
-    if persistent_cache_directory() is None:
+    directory = persistent_cache_directory()
+    if directory is None:
         raise FreshCompileError("JAX's persistent compilation cache cannot serve here")
     from jax._src import compiler
 
@@ -495,9 +497,9 @@ def compile_through_cache(lowered: Any) -> tuple[Any, dict[str, Any] | None]:
         if not _original:  # wrapped once, for good: a thread not inside this call goes straight through
             _original.append(compiler.compile_or_get_cached)
             compiler.compile_or_get_cached = _wrapped_compile_or_get_cached
-    _local.pending, _local.answer = True, None
+    _local.pending = True
     try:
         compiled = lowered.compile()
     finally:
         _local.pending = False
-    return compiled, _local.answer
+    return compiled, directory

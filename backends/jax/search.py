@@ -26,7 +26,6 @@ from unimem.backends.jax._fresh_compile import (
     compile_through_cache,
     load_autotuned,
     peak_of,
-    persistent_cache_directory,
     platform,
 )
 
@@ -278,9 +277,8 @@ def _size(lowered: Any) -> dict[str, Any] | None:
     stage = lowered
     if hasattr(lowered, "as_text") and hasattr(lowered, "_lowering") and _grows_on_demand():
         try:
-            stage, _ = compile_through_cache(lowered)
-            directory = persistent_cache_directory()
-            if directory is not None and directory not in _through_cache:
+            stage, directory = compile_through_cache(lowered)
+            if directory not in _through_cache:
                 _through_cache.append(directory)
         except FreshCompileError:
             try:

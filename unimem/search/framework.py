@@ -117,12 +117,15 @@ class Framework:
         """What the framework says of the search that just ended (none where no framework's)."""
         return [] if self.adapter is None else self.adapter.search.search_notes()
 
-    def make_room(self, adds: int) -> None:
-        """Before a call predicted to add ``adds`` bytes: one region that holds them, in a pool grown in
-        regions (``search_make_room``); nothing elsewhere."""
-        snapshot = self.snapshot()
-        if snapshot is not None and self.adapter is not None:
-            self.adapter.search.search_make_room(snapshot, adds, self.device)
+    def make_room(self, peak: int) -> None:
+        """Before a call predicted to reach ``peak`` bytes: one region that holds what it adds to the bytes
+        in use, in a pool grown in regions (``search_make_room``); nothing elsewhere. One reading of the
+        framework's figures, without NVML's."""
+        if self.adapter is None:
+            return
+        snapshot = self.adapter.stats(self.device, nvml=False)
+        if snapshot.allocated is not None and peak > snapshot.allocated:
+            self.adapter.search.search_make_room(snapshot, peak - snapshot.allocated, self.device)
 
     def restart_peak(self) -> int | None:
         """Restart the peak before a call; the bytes in use then (None: unknown)."""

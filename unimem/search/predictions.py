@@ -164,11 +164,8 @@ def make_room(run: Run, predicted: int | None) -> None:
     """Before a call predicted to reach ``predicted`` bytes, in a pool grown in regions: one region that
     holds all the call adds to what is in use (``framework.make_room``), so that its inputs, made first,
     do not take a region of their own and leave its largest buffer too little beside them."""
-    if predicted is None or predicted >= OVER or not grows_in_regions(run):
-        return
-    in_use = run.framework.in_use()
-    if in_use is not None and predicted > in_use:
-        run.framework.make_room(predicted - in_use)
+    if predicted is not None and predicted < OVER and grows_in_regions(run):
+        run.framework.make_room(predicted)
 
 
 def first_size(run: Run) -> int:
