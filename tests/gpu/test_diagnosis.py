@@ -177,6 +177,65 @@ def scenario_code(run_code: Any) -> Any:
     return lambda code, timeout=240: run_code(_PRELUDE + textwrap.dedent(code), MARK, timeout=timeout)
 
 
+# A Flax model (linen, optax's Adam, as its users train it) searched with lower= under an 8 GiB cap with
+# growth on: each size compiled in a fresh process into the persistent compilation cache (empty at the
+# start), loaded here; nothing compiled in this process, neither the sizing nor the step's own calls.
+JAX_SEARCH_LOWERED = """
+import os, tempfile, threading
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp()
+import unimem
+unimem.configure(backend="jax", growth=True, limit="8GiB")
+import jax, jax.numpy as jnp, optax
+import flax.linen as nn
+from jax import monitoring
+compiled_here, loaded_here, hit = [], [], threading.local()
+def on_event(event, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+        hit.on = True
+def on_duration(event, seconds, **kw):
+    if event == "/jax/core/compile/backend_compile_duration" and kw.get("fun_name") == "jit(train)":
+        (loaded_here if getattr(hit, "on", False) else compiled_here).append(seconds)
+    if event == "/jax/core/compile/backend_compile_duration":
+        hit.on = False
+monitoring.register_event_listener(on_event)
+monitoring.register_event_duration_secs_listener(on_duration)
+class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        for _ in range(4):
+            x = nn.relu(nn.Dense(2048)(x))
+        return nn.Dense(10)(x)
+model, tx = MLP(), optax.adam(1e-3)
+params = model.init(jax.random.PRNGKey(0), jnp.ones((1, 1024)))
+state = {"params": params, "opt": tx.init(params)}
+@jax.jit
+def train(params, opt, x, y):
+    def loss_fn(p):
+        return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt = tx.update(grads, opt, params)
+    return optax.apply_updates(params, updates), opt, loss
+def step(n):
+    x, y = jnp.ones((n, 1024)), jnp.zeros((n,), jnp.int32)
+    state["params"], state["opt"], loss = train(state["params"], state["opt"], x, y)
+    loss.block_until_ready()
+def lower(n):
+    return train.lower(state["params"], state["opt"], jax.ShapeDtypeStruct((n, 1024), jnp.float32),
+                       jax.ShapeDtypeStruct((n,), jnp.int32))
+step(8)  # the warm-up, as a training script runs one
+from unimem.backends.jax import _fresh_compile
+fresh_before, compiled_here[:] = len(_fresh_compile.fresh_compilations), []
+search = unimem.find_batch_size(step, start=8, lower=lower, return_trials=True)
+R["search"] = search.as_dict()
+R["compiled_here"], R["fresh"] = list(compiled_here), _fresh_compile.fresh_compilations[fresh_before:]
+R["cache_dir"] = jax.config.jax_compilation_cache_dir
+compiled_here[:], loaded_here[:] = [], []
+step(search.batch_size)  # training's first step after the search
+R["after"] = {"compiled_here": list(compiled_here), "loaded_here": len(loaded_here)}
+emit()
+"""
+
+
 @pytest.mark.covers("torch:oom", "torch:fragmentation")
 def test_torch_fragmented_pool_is_measured_and_explained(scenario_code: Any, record: Any) -> None:
     r = scenario_code(TORCH_FRAGMENTED)
@@ -312,3 +371,18 @@ def test_jax_find_batch_size_under_a_cap(scenario_code: Any, record: Any) -> Non
     else:
         assert r["reran"] is True
     assert r["process_after"] <= r["process_before"] * 1.01
+
+
+def test_jax_search_with_lower_on_a_growing_pool_compiles_nothing_in_the_searching_process(
+    scenario_code: Any, record: Any
+) -> None:
+    r = scenario_code(JAX_SEARCH_LOWERED, timeout=420)
+    search = r["search"]
+    record(batch_size=search["batch_size"], calls=search["step_calls"], fresh=r["fresh"], notes=search["notes"])
+    # Every size sized was compiled once, in a fresh process; none here, not the trials' own calls.
+    assert r["compiled_here"] == [] and len(r["fresh"]) == search["compile_calls"] >= 1, r
+    # Each call placed from the predictions ran: one region grown for all it adds before it.
+    assert search["failed_calls"] == 0 and search["converged"], search
+    # Training's first step after the search loads the answer's step: no compilation here.
+    assert r["after"] == {"compiled_here": [], "loaded_here": 1}, r["after"]
+    assert any(f'JAX_COMPILATION_CACHE_DIR="{r["cache_dir"]}"' in note for note in search["notes"]), search["notes"]
