@@ -235,11 +235,12 @@ class _EvidenceCollector:
 
     def entry(self, nodeid: str) -> dict[str, Any]:
         return self.tests.setdefault(
-            nodeid, {"nodeid": nodeid, "outcome": "passed", "covers": [], "figures": {}, "message": ""}
+            nodeid, {"nodeid": nodeid, "outcome": "passed", "covers": [], "figures": {}, "message": "", "seconds": 0.0}
         )
 
     def add(self, report: pytest.TestReport) -> None:
         entry = self.entry(report.nodeid)
+        entry["seconds"] = round(entry["seconds"] + report.duration, 2)
         for name, value in report.user_properties:
             if name == "covers":
                 entry["covers"] = list(value)

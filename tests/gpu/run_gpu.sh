@@ -2,6 +2,9 @@
 # The GPU work, one part per call on the GPU machine (each part fits in 10 minutes):
 #
 #   suite                 the whole GPU suite (SUITE_LIMIT seconds, 540 by default) -> gpu.json
+#   suite-1, suite-2      one half of the suite each (one call cannot hold both)
+#                                                     -> gpu-part1.json, gpu-part2.json; then
+#                         python tests/gpu/run_suite.py --merge ... joins them into gpu.json
 #   latency               import cost and stats() latency, alone     -> gpu-h200.json
 #   search-tests          the two find_batch_size GPU tests          -> search-tests.json
 #   search-torch          find_batch_size against Lightning's and accelerate's searches in torch,
@@ -45,7 +48,7 @@
 #
 #   usage: bash tests/gpu/run_gpu.sh PART [ARGS...]
 set -uo pipefail
-PART=${1:?usage: run_gpu.sh suite|latency|search-tests|search-torch|search-jax|search-jax-baselines|oom-latency|jax-process-growth|monitor|precision|sharing|compare|search-rows|savers|cupy-search|jax-capacity|jax-compile-cost}
+PART=${1:?usage: run_gpu.sh suite|suite-1|suite-2|latency|search-tests|search-torch|search-jax|search-jax-baselines|oom-latency|jax-process-growth|monitor|precision|sharing|compare|search-rows|savers|cupy-search|jax-capacity|jax-compile-cost}
 shift
 OUT=${OUT:-/tmp/unimem-out}
 KNOWN_LARGEST=${KNOWN_LARGEST:-15617:16438}
@@ -79,6 +82,11 @@ batch() {  # $1: seconds; $2: output name; the rest: bench_batch_size.py argumen
 case "$PART" in
   suite)
     suite "${SUITE_LIMIT:-540}" gpu.json "$@" > "$WORK/suite.log" 2>&1
+    ;;
+  suite-1|suite-2)
+    half=${PART#suite-}
+    (cd "$ROOT" && timeout "${SUITE_LIMIT:-540}" python3 tests/gpu/run_suite.py --part "$half" \
+      --out "$WORK/gpu-part$half.json" --machine "$MACHINE" -- "$@") > "$WORK/suite.log" 2>&1
     ;;
   latency)
     timeout 300 python3 "$BENCH/run_all.py" --out "$WORK/gpu-h200.json" --machine "$MACHINE" > "$WORK/latency.log" 2>&1

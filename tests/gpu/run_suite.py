@@ -1,6 +1,7 @@
 """Run the GPU suite and write ``evidence/gpu.json`` (run it on the GPU machine).
 
-    python tests/gpu/run_suite.py [--out evidence/gpu.json] [--machine TEXT] [-- PYTEST ARGS]
+    python tests/gpu/run_suite.py [--out evidence/gpu.json] [--machine TEXT] [--part N] [-- PYTEST ARGS]
+    python tests/gpu/run_suite.py --merge PART1.json PART2.json [--out evidence/gpu.json]
 
 pytest runs in a subprocess with ``UNIMEM_REQUIRE_GPU=1`` (a missing GPU fails rather
 than skips); the suite's conftest writes each test's outcome, covers and figures, and
@@ -11,7 +12,12 @@ this script adds the machine, driver and versions. The schema, which
      "versions": {"torch", "jax", "jaxlib", "nvidia-ml-py", "unimem"}, "date": "YYYY-MM-DD",
      "command": str,
      "tests": [{"nodeid", "outcome": "passed" | "failed" | "skipped", "covers": [str],
-                "figures": {str: number | str}, "message": str}]}
+                "figures": {str: number | str}, "message": str, "seconds": number}]}
+
+The whole suite takes longer than one call on the GPU machine may run, so ``--part 1`` and
+``--part 2`` each run half of its files, and ``--merge`` joins the halves into one evidence
+file, refusing halves from different machines, versions or days (one run's evidence, not a
+collage). Each test's entry also holds its ``seconds``, which is how the halves were drawn.
 
 Without a GPU it runs nothing and exits 0 with a note, unless ``--allow-no-gpu`` (then
 every test is reported skipped; the evidence file is written only when ``--out`` names it).
@@ -35,6 +41,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 DEFAULT_OUT = ROOT / "evidence" / "gpu.json"
+# Halves of about equal time (one call on the GPU machine runs at most ten minutes).
+PARTS: dict[int, tuple[str, ...]] = {
+    1: ("test_context.py", "test_cupy.py", "test_diagnosis.py", "test_jax.py"),
+    2: ("test_mixed.py", "test_nvml_devices.py", "test_savers.py", "test_torch.py"),
+}
+# What must agree for two halves to be one run's evidence.
+SAME_RUN = ("machine", "gpu", "driver", "cuda", "python", "versions", "date")
 
 
 def _version(distribution: str) -> str | None:
@@ -111,13 +124,49 @@ def cuda_version() -> str | None:
         return None
 
 
+def part_files(part: int) -> list[Path]:
+    """The test files of one half; every test file of the suite is in exactly one half."""
+    if part not in PARTS:
+        raise SystemExit(f"run_suite: --part must be one of {sorted(PARTS)}, not {part}")
+    return [HERE / name for name in PARTS[part]]
+
+
+def merge(paths: list[Path]) -> dict[str, Any]:
+    """One evidence file from the halves; refuses halves of different runs or tests run twice."""
+    runs = [json.loads(path.read_text()) for path in paths]
+    first = runs[0]
+    for path, run in zip(paths[1:], runs[1:], strict=True):
+        differ = [key for key in SAME_RUN if run.get(key) != first.get(key)]
+        if differ:
+            raise SystemExit(f"run_suite: {path} is not of the same run as {paths[0]}: {', '.join(differ)} differ")
+    tests = [test for run in runs for test in run["tests"]]
+    ids = [test["nodeid"] for test in tests]
+    twice = sorted({nodeid for nodeid in ids if ids.count(nodeid) > 1})
+    if twice:
+        raise SystemExit(f"run_suite: tests in more than one half: {', '.join(twice)}")
+    merged = {key: first.get(key) for key in SAME_RUN}
+    merged["command"] = " && ".join(run["command"] for run in runs)
+    merged["tests"] = tests
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help=f"evidence file (default {DEFAULT_OUT})")
     parser.add_argument("--machine", default="nvidia-h200 (device tool)", help="how the machine is named")
     parser.add_argument("--allow-no-gpu", action="store_true", help="run (and skip) without a GPU")
+    parser.add_argument("--part", type=int, default=None, help=f"run one half of the suite: {sorted(PARTS)}")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, help="join halves' evidence files")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
     args = parser.parse_args(argv)
+
+    if args.merge:
+        out_path: Path = args.out or DEFAULT_OUT
+        merged = merge(args.merge)
+        out_path.write_text(json.dumps(merged, indent=2) + "\n")
+        outcomes = [test["outcome"] for test in merged["tests"]]
+        print(f"run_suite: wrote {out_path}: {outcomes.count('passed')} of {len(outcomes)} passed")
+        return 0 if outcomes and all(outcome == "passed" for outcome in outcomes) else 1
 
     gpu, driver = gpu_and_driver()
     if gpu is None and not args.allow_no_gpu:
@@ -131,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.executable,
             "-m",
             "pytest",
-            str(HERE),
+            *(str(path) for path in (part_files(args.part) if args.part else [HERE])),
             # the CPU suite's tests/conftest.py (framework checks, state restore) is not ours
             f"--confcutdir={HERE}",
             "-p",
