@@ -587,6 +587,9 @@ class Search:
     def search_make_room(self, snapshot: MemoryStats, adds: int, device: int) -> None:
         return None
 
+    def search_compiled_call(self) -> contextlib.AbstractContextManager[list[tuple[int, int, bool]] | None]:
+        return contextlib.nullcontext(None)
+
     def trial_context(self, model: Any) -> Callable[[], contextlib.AbstractContextManager[None]] | None:
         return None
 

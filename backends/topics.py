@@ -314,6 +314,13 @@ class SearchTopic(Protocol):
         call's buffers are cut from it rather than each taking a region of its own. Nothing elsewhere."""
         ...
 
+    def search_compiled_call(self) -> contextlib.AbstractContextManager[list[tuple[int, int, bool]] | None]:
+        """The context a measured call of the step runs in: where the framework compiles what the call
+        compiles elsewhere (taking nothing from this process's pool) and reads its figures, the list it
+        fills with ``(peak, arguments)`` bytes of each program compiled during the call; None inside
+        where it does not."""
+        ...
+
     def trial_context(self, model: Any) -> Callable[[], contextlib.AbstractContextManager[None]] | None:
         """A callable returning a fresh context per trial of ``find_batch_size(..., model=model)`` in
         which the trial makes no collective; None when ``model`` is not this framework's. Raises

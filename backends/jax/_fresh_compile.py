@@ -25,26 +25,31 @@ call later. Each uses JAX internals: where they are not there, the caller compil
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
+import re
 import select
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
     "AUTOTUNE_FLAG",
     "FRESH_PLATFORMS",
+    "REMAT",
     "FreshCompileError",
     "autotune_directory",
     "close_compilers",
     "compile_exported",
     "compile_lowered",
     "compile_through_cache",
+    "compiled_during_call",
     "figures",
     "fresh_compilations",
     "load_autotuned",
@@ -63,6 +68,9 @@ _FRESH_SECONDS = 900
 # context back): longer than a failed trial of a large step takes, so one search keeps its process.
 _IDLE_SECONDS = 60.0
 _MARK = "UNIMEM-COMPILED "
+# An instruction XLA's rematerialization pass made: a clone named ``<name>.remat`` (``.remat2`` when
+# cloned again, ``gte.remat``/``bitcast.remat`` for its users, ``.remat_compressed``), defined on its line.
+REMAT = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]*\.remat\w*(?:\.\d+)*\s+=", re.MULTILINE)
 # JAX's settings of its persistent compilation cache that decide where an entry goes, whether it is
 # written and under which key: a fresh process takes this process's values with each request.
 _CACHE_SETTINGS = (
@@ -342,6 +350,12 @@ def _executable_figures(executable: Any, on: str) -> dict[str, Any]:
     found: dict[str, Any] = {name: int(getattr(stats, f"{name}_size_in_bytes", 0) or 0) for name in fields}
     found["peak"] = peak_of(stats, on)
     found["platform"] = on
+    try:
+        text = "\n".join(module.to_string() for module in executable.hlo_modules())
+    except Exception:  # an executable without its modules (an older jaxlib): not known
+        found["rematerialized"] = None
+    else:
+        found["rematerialized"] = REMAT.search(text) is not None
     return found
 
 
@@ -458,27 +472,75 @@ def persistent_cache_directory() -> str | None:
 def _wrapped_compile_or_get_cached(
     backend: Any, computation: Any, devices: Any, compile_options: Any, host_callbacks: Any, *rest: Any, **kw: Any
 ) -> Any:
-    """JAX's ``compile_or_get_cached``; for a thread inside ``compile_through_cache``, the fresh process
-    compiles first (what JAX then finds in the cache, it loads)."""
-    if getattr(_local, "pending", False):
+    """JAX's ``compile_or_get_cached``; for a thread inside ``compile_through_cache`` or ``compiled_during_call``,
+    the fresh process compiles first (what JAX then finds in the cache, it loads). Inside a call, a program the
+    fresh process cannot compile is compiled here, as JAX does: the user's step goes on."""
+    pending, recorded = getattr(_local, "pending", False), getattr(_local, "recorded", None)
+    if pending or recorded is not None:
         _local.pending = False  # one module per step: a second in the same call compiles as JAX does
-        if host_callbacks:  # not written to the cache (they are pointers of this process)
-            raise FreshCompileError("the step has host callbacks: it is compiled in this process")
-        import jax
-        from jax._src.interpreters import mlir
-
-        options = compile_options.SerializeAsString()
-        module = mlir.module_to_bytecode(computation)
-        _run_child(
-            "cached",
-            [],
-            options + module,
-            options_length=len(options),
-            devices=[int(device.id) for device in devices.flat],
-            shape=list(devices.shape),
-            cache={name: getattr(jax.config, name) for name in _CACHE_SETTINGS},
-        )
+        try:
+            found = _compile_elsewhere(computation, devices, compile_options, host_callbacks)
+        except FreshCompileError:
+            if pending:
+                raise
+        else:
+            if recorded is not None:
+                recorded.append((int(found["peak"]), int(found["argument"]), bool(found.get("rematerialized"))))
     return _original[0](backend, computation, devices, compile_options, host_callbacks, *rest, **kw)
+
+
+def _compile_elsewhere(computation: Any, devices: Any, compile_options: Any, host_callbacks: Any) -> dict[str, Any]:
+    """The fresh process compiles this module with these options and devices into the persistent cache; its
+    figures. ``FreshCompileError`` for what it cannot compile so that this process loads it."""
+    if host_callbacks:  # not written to the cache (they are pointers of this process)
+        raise FreshCompileError("the step has host callbacks: it is compiled in this process")
+    if getattr(devices, "size", 1) != 1:
+        raise FreshCompileError("the step spans several devices: it is compiled in this process")
+    import jax
+    from jax._src.interpreters import mlir
+
+    options = compile_options.SerializeAsString()
+    module = mlir.module_to_bytecode(computation)
+    return _run_child(
+        "cached",
+        [],
+        options + module,
+        options_length=len(options),
+        devices=[int(device.id) for device in devices.flat],
+        shape=list(devices.shape),
+        cache={name: getattr(jax.config, name) for name in _CACHE_SETTINGS},
+    )
+
+
+def _wrap() -> None:
+    """JAX's ``compile_or_get_cached`` wrapped, once and for good: a thread inside neither
+    ``compile_through_cache`` nor ``compiled_during_call`` goes straight through."""
+    from jax._src import compiler
+
+    with _lock:
+        if not _original:
+            _original.append(compiler.compile_or_get_cached)
+            compiler.compile_or_get_cached = _wrapped_compile_or_get_cached
+
+
+@contextlib.contextmanager
+def compiled_during_call() -> Iterator[tuple[list[tuple[int, int, bool]], str] | None]:
+    """Every program this thread compiles inside is compiled in a fresh process into the persistent
+    compilation cache and loaded here (no autotuning here, no region taken), as ``compile_through_cache``
+    does for one step: a call of the user's step sized as it runs. Yields the list it fills with each
+    program's ``(peak, arguments)`` bytes and whether XLA rematerialized it, and the cache's directory;
+    None where the cache cannot serve (then nothing changes)."""
+    directory = persistent_cache_directory()
+    if directory is None:
+        yield None
+        return
+    _wrap()
+    recorded: list[tuple[int, int, bool]] = []
+    _local.recorded = recorded
+    try:
+        yield recorded, directory
+    finally:
+        _local.recorded = None
 
 
 def compile_through_cache(lowered: Any) -> tuple[Any, str]:
@@ -491,12 +553,7 @@ def compile_through_cache(lowered: Any) -> tuple[Any, str]:
     directory = persistent_cache_directory()
     if directory is None:
         raise FreshCompileError("JAX's persistent compilation cache cannot serve here")
-    from jax._src import compiler
-
-    with _lock:
-        if not _original:  # wrapped once, for good: a thread not inside this call goes straight through
-            _original.append(compiler.compile_or_get_cached)
-            compiler.compile_or_get_cached = _wrapped_compile_or_get_cached
+    _wrap()
     _local.pending = True
     try:
         compiled = lowered.compile()

@@ -10,20 +10,23 @@ the pool is grown by one region for all the call adds (``search_make_room``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import re
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from unimem.backends.base import Search
 from unimem.backends.jax._fresh_compile import (
     AUTOTUNE_FLAG,
     FRESH_PLATFORMS,
+    REMAT,
     FreshCompileError,
     autotune_directory,
     close_compilers,
     compile_lowered,
     compile_through_cache,
+    compiled_during_call,
     load_autotuned,
     peak_of,
     platform,
@@ -39,11 +42,6 @@ _DONATED = (
     "the arrays it was given to donate (donate_argnums). Search with a step that does not donate "
     "(or passes copies), then donate in training with the size found"
 )
-
-
-# An instruction XLA's rematerialization pass made: a clone named ``<name>.remat`` (``.remat2`` when
-# cloned again, ``gte.remat``/``bitcast.remat`` for its users, ``.remat_compressed``), defined on its line.
-_REMAT = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]*\.remat\w*(?:\.\d+)*\s+=", re.MULTILINE)
 
 
 def _compiled(lowered: Any) -> Any:
@@ -183,6 +181,24 @@ class JaxSearch(Search):
         slack = min(adds // 64, 64 << 20)
         _grow_pool(max((1 << (adds - 1).bit_length()) // 2 + 1, adds - slack), device)
 
+    @contextlib.contextmanager
+    def search_compiled_call(self) -> Iterator[list[tuple[int, int, bool]] | None]:
+        """On a pool grown on demand, every program a measured call compiles is compiled in a fresh process
+        into the persistent compilation cache and loaded here (``compiled_during_call``): its autotuning
+        takes no region of this pool, and its figures give the call's peak where XLA's cannot (a peak is
+        never reset: one below an earlier high-water mark reads as none). None elsewhere."""
+        if not _grows_on_demand():
+            yield None
+            return
+        with compiled_during_call() as served:
+            if served is None:
+                yield None
+                return
+            recorded, directory = served
+            yield recorded
+            if recorded and directory not in _through_cache:
+                _through_cache.append(directory)
+
     def predict_rematerialized(self, lowered: Any) -> bool | None:
         """Whether XLA rematerialized ``lowered``'s compiled program (recomputes values to fit under its
         limit, and runs slower): its optimized HLO defines clones named ``*.remat*``. None when the compiled
@@ -195,7 +211,7 @@ class JaxSearch(Search):
                 text = _compiled(lowered).as_text()
             except Exception:  # a stage without compiled text (an older JAX, a foreign object)
                 return None
-        return None if not isinstance(text, str) or not text else _REMAT.search(text) is not None
+        return None if not isinstance(text, str) or not text else REMAT.search(text) is not None
 
     def predict_peak(self, lowered: Any) -> int | None:
         """The peak bytes of ``lowered`` (a ``jax.stages.Traced``, ``Lowered`` or ``Compiled``), or

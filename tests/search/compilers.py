@@ -17,9 +17,11 @@ and failures take the seconds the H200 took. Nothing here imports a framework.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import copy
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,6 +215,9 @@ class Device:
     # A call's inputs and outputs take their piece of the pool before its temporaries (else only the
     # temporaries are held against it).
     apart: bool = False
+    # Each size a call compiles is compiled in a fresh process and sized as the call runs (set
+    # ``autotune`` 0 with it: nothing is autotuned here).
+    elsewhere: bool = False
     regions: list[int] = field(default_factory=list)  # the pool's free regions beside its first piece
     pool: int = 0
     block: int = 0  # the first piece's free block
@@ -377,8 +382,28 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Simulated:
         a, c = lowered.memory_analysis(), lowered.device.compiler
         return max(a.temp_size_in_bytes, c.args_per_sample * lowered.n, c.parameter)
 
-    # The search grows the pool by one buffer given back at once (``search_make_room``).
-    monkeypatch.setattr(jax_search, "_grow_pool", lambda nbytes, device: current.device and current.device.take(nbytes))
+    def grow_pool(nbytes: int, device: int) -> None:
+        """The search grows the pool by one buffer given back at once (``search_make_room``): XLA's peak
+        passes it."""
+        d = current.device
+        if d is not None and d.take(nbytes):
+            d.peak = max(d.peak, d.compiler.held + d.kept + nbytes)
+
+    @contextlib.contextmanager
+    def compiled_call() -> Iterator[list[tuple[int, int, bool]] | None]:
+        d = current.device
+        if d is None or not d.elsewhere:
+            yield None
+            return
+        first, recorded = len(d.compilations), []
+        try:
+            yield recorded
+        finally:
+            c = d.compiler
+            recorded += [(c.peak(n), c.args(n), c.rematerialized(n)) for n in d.compilations[first:]]
+
+    monkeypatch.setattr(jax_search, "_grow_pool", grow_pool)
+    monkeypatch.setattr(jax.search, "search_compiled_call", compiled_call)
     monkeypatch.setattr(jax.search, "predict_peak", predict_peak)
     monkeypatch.setattr(jax.search, "predict_largest_buffer", predict_largest_buffer)
     monkeypatch.setattr(runner, "clock", lambda: current.device.clock if current.device else 0.0)

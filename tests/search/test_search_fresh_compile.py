@@ -182,3 +182,68 @@ def test_a_compiling_process_is_reused_leaves_when_idle_and_is_dropped_after_an_
     assert r["code"] == 0 and r["idle_seconds"] < 60, r  # left after its idle time, not at the timeout
     assert r["refused"] and r["kept_after_error"] == 0, r  # the error said, the process not kept
     assert r["same"] and r["kept"] == 1 and r["closed"] == 0, r  # two compilations, one process, closed on request
+
+
+_CALL = r"""
+import os, tempfile, threading
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp()
+import jax, jax.numpy as jnp, numpy as np
+from jax import monitoring
+from unimem.backends.jax import _fresh_compile
+
+compiled_here, loaded_here, hit = [], [], threading.local()
+def on_event(event, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+        hit.on = True
+def on_duration(event, seconds, **kw):
+    if event == "/jax/core/compile/backend_compile_duration" and kw.get("fun_name") in ("jit(train)", "jit(noisy)"):
+        (loaded_here if getattr(hit, "on", False) else compiled_here).append(kw["fun_name"])
+    if event == "/jax/core/compile/backend_compile_duration":
+        hit.on = False
+monitoring.register_event_listener(on_event)
+monitoring.register_event_duration_secs_listener(on_duration)
+
+@jax.jit
+def train(w, x):
+    return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
+w = jnp.ones((128, 128), jnp.float32)
+def step(n):  # the user's step: makes its batch, then trains
+    return train(w, jnp.ones((n, 128), jnp.float32)).block_until_ready()
+expected = np.asarray(step(8))  # compiled here, as JAX does
+compiled_here.clear()
+with _fresh_compile.compiled_during_call() as served:
+    inside = np.asarray(step(4096))
+recorded, directory = served
+figures = {"inside": list(compiled_here), "loaded": len(loaded_here), "recorded": recorded,
+           "same": bool(np.allclose(inside, step(4096))), "directory": directory}
+# A program the fresh process cannot compile (a host callback) is compiled here, and the step goes on.
+@jax.jit
+def noisy(x):
+    jax.debug.callback(lambda v: None, x.sum())
+    return x * 2
+with _fresh_compile.compiled_during_call() as served:
+    doubled = float(noisy(jnp.ones(3)).sum())
+figures["callback"] = {"value": doubled, "compiled_here": compiled_here[-1:]}
+compiled_here.clear()
+step(2048)  # outside: compiled here as JAX does
+figures["outside"] = len(compiled_here)
+executable = train.lower(w, jnp.ones((8, 128))).compile().runtime_executable()
+figures["remat_read"] = _fresh_compile._executable_figures(executable, "cpu")["rematerialized"]
+emit(figures)
+"""
+
+
+def test_a_call_sized_as_it_runs_compiles_nothing_here_and_reads_its_figures(need: Any, pyjson: Any) -> None:
+    # Without lower=, the search on a pool grown on demand runs each call inside compiled_during_call:
+    # what the call compiles is compiled in a fresh process and loaded here, and its figures read.
+    need("jax")
+    r = pyjson(_CALL)
+    assert r["inside"] == [] and r["loaded"] >= 1, r  # the step's program loaded, not compiled here
+    programs = r["recorded"]  # the batch's own small programs, and the step
+    peak, arguments, rematerialized = max(programs)
+    assert peak >= 4096 * 128 * 4 + 128 * 128 * 4 and arguments >= 4096 * 128 * 4, programs
+    assert rematerialized is False
+    assert r["same"], "the loaded program computes what JAX's own does"
+    assert r["callback"] == {"value": 6.0, "compiled_here": ["jit(noisy)"]}, r["callback"]
+    assert r["outside"] == 1  # outside the context nothing changes
+    assert r["remat_read"] is False  # read from the executable's text, not unknown

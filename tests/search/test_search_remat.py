@@ -37,7 +37,7 @@ from unimem.backends.jax.search import JaxSearch
 
 import unimem
 from unimem import registry
-from unimem.search import runner, scale
+from unimem.search import framework, runner, scale
 
 MARGIN = 0.05
 
@@ -219,9 +219,9 @@ def test_a_placed_first_call_that_fails_is_followed_by_the_start(
     assert placed.converged and placed.batch_size >= (1 - 2 * MARGIN) * opened.batch_size, (placed, opened)
 
 
-def search_without_lower(simulated: Simulated, compiler: Compiler, autotune: float) -> Outcome:
+def search_without_lower(simulated: Simulated, compiler: Compiler, autotune: float, **device_kwargs: Any) -> Outcome:
     """Warm up at the start, then search on the measured peaks alone (no ``lower=``)."""
-    device = Device(compiler, autotune=autotune)
+    device = Device(compiler, autotune=autotune, **device_kwargs)
     simulated.device = device
     device.step(compiler.start)
     device.calls.clear()
@@ -266,6 +266,40 @@ def test_the_h200_search_of_the_whole_gpu_flax_mlp_without_lower_replayed(
     outcome = search_without_lower(simulated, FLAX_MLP_RAN, autotune)
     assert [n for n, _ in outcome.device.calls[:2]] == [8, 5957], str(outcome.found)  # the H200's, replayed
     check_without_lower(outcome)
+
+
+@pytest.mark.parametrize("apart", [False, True])
+@pytest.mark.parametrize("compiler", [FLAX_MLP_RAN, FLAX_MLP_FRESH], ids=lambda c: c.name)
+def test_the_whole_gpu_flax_mlp_without_lower_sized_as_it_runs(
+    simulated: Simulated, monkeypatch: pytest.MonkeyPatch, compiler: Compiler, apart: bool
+) -> None:
+    # Each size a call compiles is compiled in a fresh process (nothing autotuned here) and its figures
+    # read. After the first such call, one region of all the room: on the H200 the call at 953658 grew a
+    # 64 GiB region of its own that held every later size to it (1475146 at most). The peaks the region
+    # hides are the compiled programs', and a rematerialized program bounds the answer as with lower=.
+    def fresh_largest() -> int:
+        fresh = Device(compiler, autotune=0.0, apart=apart)
+        fresh.step(compiler.start)
+        return fresh.largest()
+
+    outcome = search_without_lower(simulated, compiler, 0.0, apart=apart, elsewhere=True)
+    found = outcome.found
+    check_without_lower(outcome)
+    assert found.failed_calls == 0, str(found)
+    assert found.batch_size >= (1 - MARGIN) * fresh_largest(), (str(found), fresh_largest())
+    assert all(t.peak is not None for t in found.trials[1:] if t.fits), found.trials  # hidden peaks read
+    assert not compiler.rematerialized(found.batch_size)
+    slower = [t for t in found.trials if not t.fits]
+    assert all(compiler.rematerialized(t.batch_size) and "rematerialized" in (t.error or "") for t in slower)
+    said = [note for note in found.notes if "rematerialized the step at batch size" in note]
+    assert len(said) == (1 if slower else 0), found.notes
+
+    # Without the region, the call that grew one of its own holds the search to it (on the measured
+    # peaks; the other curve's second call is large enough to take all the room by itself).
+    if compiler is FLAX_MLP_RAN:
+        monkeypatch.setattr(framework.Framework, "make_room_for_all", lambda self: None)
+        held = search_without_lower(simulated, compiler, 0.0, apart=apart, elsewhere=True)
+        assert held.found.batch_size < 0.8 * found.batch_size, str(held.found)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

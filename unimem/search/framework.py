@@ -127,6 +127,23 @@ class Framework:
         if snapshot.allocated is not None and peak > snapshot.allocated:
             self.adapter.search.search_make_room(snapshot, peak - snapshot.allocated, self.device)
 
+    def make_room_for_all(self) -> None:
+        """One region of all the room left under the limit, in a pool grown in regions (``search_make_room``
+        asked for all of it): every later call's buffers are then cut from one piece. One reading of the
+        framework's figures, without NVML's."""
+        if self.adapter is None:
+            return
+        snapshot = self.adapter.stats(self.device, nvml=False)
+        if snapshot.limit is not None and snapshot.reserved is not None and snapshot.limit > snapshot.reserved:
+            self.adapter.search.search_make_room(snapshot, snapshot.limit - snapshot.reserved, self.device)
+
+    def compiled_call(self) -> contextlib.AbstractContextManager[list[tuple[int, int, bool]] | None]:
+        """The context a measured call runs in (``search_compiled_call``): the ``(peak, arguments)`` bytes
+        of each program compiled elsewhere during it, or None."""
+        if self.adapter is None:
+            return contextlib.nullcontext(None)
+        return self.adapter.search.search_compiled_call()
+
     def restart_peak(self) -> int | None:
         """Restart the peak before a call; the bytes in use then (None: unknown)."""
         if self.adapter is None:
@@ -172,6 +189,11 @@ class Framework:
     def rematerializes(self) -> bool:
         """Whether it saves memory to fit near its limit (XLA recomputes): peaks then flatten."""
         return self.adapter is not None and self.adapter.search.rematerializes
+
+    @property
+    def remat_share(self) -> float | None:
+        """The share of the pool's limit past which its compiler rematerializes (None: unknown, or never)."""
+        return None if self.adapter is None else self.adapter.search.remat_share
 
     @property
     def keeps_failed_outputs(self) -> bool:

@@ -35,7 +35,7 @@ from unimem.search.ranks import Outcome, connect
 from unimem.search.result import BatchSizeSearch, Trial
 from unimem.search.rules import flat_past, saturation_note
 from unimem.search.settings import Settings, aimed
-from unimem.search.state import Run, read_kept, read_peak, release, take_snapshot, upper_bound
+from unimem.search.state import Run, grows_in_regions, read_kept, read_peak, release, take_snapshot, upper_bound
 from unimem.sizes import format_bytes
 from unimem.training.accumulation import plan_accumulation
 
@@ -43,6 +43,8 @@ __all__ = ["clock", "run_search"]
 
 # The clock every trial is timed with (the simulated searches in the tests advance their own).
 clock = time.perf_counter
+# How a trial whose compiled program was rematerialized is recorded (it ran, but not at the size's speed).
+REMATERIALIZED = "the compiler rematerialized the step"
 
 
 def _call(step: Callable[[int], Any], run: Run, size: int, kind: str) -> tuple[Outcome, BaseException | None]:
@@ -55,18 +57,26 @@ def _call(step: Callable[[int], Any], run: Run, size: int, kind: str) -> tuple[O
         run.start.host_peaks.begin()
     t0 = clock()
     calls.made += 1
-    error, oom = attempt(step, size, run.findings.bad is not None, run.framework, run.ranks, kind)
+    # Sized as it runs: a measured call (no lower=) whose peak the framework's own figures read.
+    sized = in_use is not None and run.start.host_peaks is None and run.scale is None
+    with run.framework.compiled_call() if sized else contextlib.nullcontext(None) as compiled:
+        error, oom = attempt(step, size, run.findings.bad is not None, run.framework, run.ranks, kind)
     seconds = clock() - t0
     peak, peak_reserved, overhead = _read_peak(run, size, kind) if error is None else (None, None, None)
+    if compiled:
+        calls.compiled[size] = max(compiled)
+    peak, slower = _as_compiled(run, size, in_use, peak) if error is None else (peak, False)
+    if slower:
+        error = f"{REMATERIALIZED} at batch size {size}: it recomputes to fit, and runs slower"
     if kind == "trial" or run.settings.measure is not None:  # a re-run's own figures: not held, read only
         error = error or passed(run.limit, peak, run.start.measured_by)
     release(run, failed=error is not None)
-    kept = read_kept(run, in_use) if error is not None else None
+    kept = read_kept(run, in_use) if error is not None and not slower else None
     outcome = Outcome(error, seconds, peak, peak_reserved, kept, overhead, in_use)
     agreed, longest = agree(run.ranks, kind, size, outcome, clock() - run.began)
     if longest is not None:
         calls.elapsed = longest
-    calls.failed += agreed.error is not None
+    calls.failed += agreed.error is not None and not slower
     # The host's resident figures count the process's own growth (compiled programs, pages the allocator
     # keeps): no reading of a leak. The framework's and measure='s count the step's.
     read = agreed.peak if run.start.host is None else None
@@ -75,10 +85,29 @@ def _call(step: Callable[[int], Any], run: Run, size: int, kind: str) -> tuple[O
     return agreed, oom
 
 
+def _as_compiled(run: Run, size: int, in_use: int | None, peak: int | None) -> tuple[int | None, bool]:
+    """What the largest program a call of ``size`` compiled elsewhere says of a call that ran: its peak,
+    where the framework read none (the program's peak counts its arguments, of which those in use
+    before the call are in ``in_use`` too), and whether the compiler rematerialized it (it ran slower
+    than the size's own program: past the answer, as with lower=)."""
+    program = run.calls.compiled.get(size)
+    if program is None:
+        return peak, False
+    compiled, arguments, rematerialized = program
+    if peak is None and in_use is not None:
+        peak = compiled + max(0, in_use - arguments)
+    return peak, rematerialized
+
+
 def _trial(step: Callable[[int], Any], run: Run, size: int, reason: str) -> None:
-    """One call of ``step`` that the search places the next size from, recorded."""
+    """One call of ``step`` that the search places the next size from, recorded. Once calls were sized as
+    they ran (``Calls.compiled``), a measured call in a pool grown in regions gets one region of all the
+    room first: a call that grew a region of its own would hold every later one to it, and the peaks it
+    hides are read from the compiled programs."""
     predicted = predicted_peak(run, size)
     make_room(run, predicted)
+    if predicted is None and run.calls.compiled and grows_in_regions(run):
+        run.framework.make_room_for_all()
     kept_before = run.findings.kept_total
     agreed, run.calls.last_oom = _call(step, run, size, "trial")
     fits, peak = agreed.error is None, agreed.peak
@@ -233,7 +262,7 @@ def _finish(step: Callable[[int], Any], run: Run, converged: bool, began: float)
     after = take_snapshot(run)
     if run.limit is None and settings.measure is None and run.scale is None:
         notes.append("no memory limit known: searched by doubling and bisection, without a model")
-    notes += prediction_notes(run)
+    notes += prediction_notes(run) + _slower_note(run)
     fresh = fresh_note(run, answer)
     notes += [] if fresh is None else [fresh]
     notes += run.framework.search_notes()
@@ -268,6 +297,17 @@ def _finish(step: Callable[[int], Any], run: Run, converged: bool, began: float)
         plan=None if target is None else plan_accumulation(target, answer, world),
         time_limit_passed=run.calls.out_of_time,
     )
+
+
+def _slower_note(run: Run) -> list[str]:
+    """Where a measured call's compiled program was rematerialized: the smallest such size (none: no note)."""
+    slower = sorted(t.batch_size for t in run.findings.trials if (t.error or "").startswith(REMATERIALIZED))
+    if not slower:
+        return []
+    return [
+        f"the compiler rematerialized the step at batch size {slower[0]} (it recomputes to fit, and runs slower): "
+        "the answer lies below it"
+    ]
 
 
 def _conclude(
@@ -355,7 +395,9 @@ def _saturation_cause(run: Run) -> str | None:
 def _failed_after(run: Run) -> bool:
     """Whether a trial failed after the answer last ran."""
     ran_at = max(i for i, t in enumerate(run.findings.trials) if t.fits and t.batch_size == run.findings.good)
-    return not all(t.fits for t in run.findings.trials[ran_at + 1 :])
+    later = run.findings.trials[ran_at + 1 :]
+    # A rematerialized call ran: it changed nothing of what fits.
+    return not all(t.fits or (t.error or "").startswith(REMATERIALIZED) for t in later)
 
 
 def _kept_note(run: Run) -> str | None:

@@ -68,6 +68,9 @@ class Calls:
     last_oom: BaseException | None = None  # the last trial's out-of-memory error, for a report when 1 failed
     elapsed: float | None = None  # over ranks: the longest any rank has searched, as of the last agreement
     out_of_time: bool = False  # time_limit= passed before the answer was within the margin
+    # Per size, the (peak, arguments) bytes of the largest program a call of it compiled elsewhere
+    # (``Framework.compiled_call``): its peak where the framework's reads none.
+    compiled: dict[int, tuple[int, int, bool]] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,8 +101,16 @@ def take_snapshot(run: Run) -> MemoryStats | None:
 def capacity_of(run: Run, snapshot: MemoryStats | None) -> int | None:
     """Bytes the measured peak may reach, as the framework reads its snapshot (its cap by
     default). With predictions and a largest buffer the allocator can hand out, the cap: the
-    pool's pieces are then held against each size's largest buffer (``Scale.room``)."""
-    return run.framework.capacity(snapshot, run.scale is not None and bool(run.scale.largest))
+    pool's pieces are then held against each size's largest buffer (``Scale.room``). Once a call's
+    compiled program was rematerialized, no more than the share of the pool's limit past which the
+    compiler does so (``Framework.remat_share``): the sizes above it run, but slower."""
+    capacity = run.framework.capacity(snapshot, run.scale is not None and bool(run.scale.largest))
+    share = run.framework.remat_share
+    if capacity is None or share is None or snapshot is None or snapshot.limit is None:
+        return capacity
+    if any(program[2] for program in run.calls.compiled.values()):
+        return min(capacity, int(share * snapshot.limit))
+    return capacity
 
 
 def room_of(run: Run, snapshot: MemoryStats | None) -> int | None:
