@@ -26,7 +26,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from unimem.backends.steps import STATUS_SKIPPED, STATUS_UNCHANGED, Step, devices_step, env_step
 from unimem.backends.topics import (
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Accumulation",
     "Backend",
+    "CompiledProgram",
     "Counters",
     "Diagnose",
     "Distributed",
@@ -536,6 +537,17 @@ class Accumulation:
         raise UnsupportedFeature(name, "accumulate", _cannot(self.backend, "accumulate", otherwise))
 
 
+class CompiledProgram(NamedTuple):
+    """A program a measured call of the step compiled elsewhere, as the framework sized it
+    (``Search.search_compiled_call``): its peak and argument bytes, whether the compiler rematerialized it,
+    and whether it was refused before it ran (it could not fit: nothing ran, nothing was kept)."""
+
+    peak: int
+    arguments: int
+    rematerialized: bool
+    refused: bool = False
+
+
 class Search:
     """The search topic (``SearchTopic``) of a framework measured trial by trial against its cap, nothing predicted."""
 
@@ -587,7 +599,7 @@ class Search:
     def search_make_room(self, snapshot: MemoryStats, adds: int, device: int) -> None:
         return None
 
-    def search_compiled_call(self) -> contextlib.AbstractContextManager[list[tuple[int, int, bool]] | None]:
+    def search_compiled_call(self) -> contextlib.AbstractContextManager[list[CompiledProgram] | None]:
         return contextlib.nullcontext(None)
 
     def trial_context(self, model: Any) -> Callable[[], contextlib.AbstractContextManager[None]] | None:

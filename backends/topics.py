@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from unimem.backends.base import CompiledProgram
     from unimem.backends.steps import Step
 
     from unimem.live_memory import LiveMemory
@@ -314,11 +315,10 @@ class SearchTopic(Protocol):
         call's buffers are cut from it rather than each taking a region of its own. Nothing elsewhere."""
         ...
 
-    def search_compiled_call(self) -> contextlib.AbstractContextManager[list[tuple[int, int, bool]] | None]:
+    def search_compiled_call(self) -> contextlib.AbstractContextManager[list[CompiledProgram] | None]:
         """The context a measured call of the step runs in: where the framework compiles what the call
         compiles elsewhere (taking nothing from this process's pool) and reads its figures, the list it
-        fills with ``(peak, arguments)`` bytes of each program compiled during the call; None inside
-        where it does not."""
+        fills with each program compiled during the call; None inside where it does not."""
         ...
 
     def trial_context(self, model: Any) -> Callable[[], contextlib.AbstractContextManager[None]] | None:

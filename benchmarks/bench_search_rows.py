@@ -524,6 +524,7 @@ def _largest_in_process(work: Work, low: int, high: int | None, until: float) ->
 
 def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
     import unimem
+    from unimem.search.findings import slower
 
     kwargs: dict[str, Any] = {"progress": True}  # a line per trial on stderr, kept on a timeout
     lowered: list[list[Any]] = []
@@ -584,6 +585,8 @@ def child_search(spec: dict[str, Any], work: Work) -> dict[str, Any]:
         "ten_steps_compile_calls": None if compiles is None or here is None else len(compiles.seconds) - len(here),
         "ten_steps_cache_loads": None if compiles is None or loads is None else len(compiles.loads) - loads,
         "calls": calls,
+        # Calls that ran a program the compiler rematerialized: not at the size's full speed.
+        "rematerialized": sorted({t.batch_size for t in result.trials if slower(t)}),
         "reported": {"step_calls": result.step_calls, "failed_calls": result.failed_calls},
         "trials": [[t.batch_size, t.fits, t.reason, t.peak, t.predicted, t.kept] for t in result.trials],
         "confirmations": [[t.batch_size, t.fits, t.reason] for t in result.confirmations],

@@ -37,11 +37,13 @@ def floors(gpu_name: str | None) -> dict[str, int]:
 
 
 def sizes_seen_running(row: dict[str, Any]) -> list[int]:
-    """Every size one row saw running: its search's (or baseline's) calls that ran, the answer's ten
+    """Every size one row saw running at full speed: its search's (or baseline's) calls that ran (less
+    those the search found rematerialized), the answer's ten
     steps in the searching process, the probes that ran at full speed there after the search, and
     the fresh processes' runs at full speed (the answer's and the probes')."""
     detail = row.get("detail") or {}
-    sizes = [size for size, ran, *_ in detail.get("calls") or [] if ran]
+    slower = set(detail.get("rematerialized") or [])  # ran, but not at full speed
+    sizes = [size for size, ran, *_ in detail.get("calls") or [] if ran and size not in slower]
     found = row.get("found")
     if found and row.get("same_process_ok"):
         sizes.append(found)

@@ -39,12 +39,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from unimem.backends.base import CompiledProgram
+
 __all__ = [
     "AUTOTUNE_FLAG",
     "FRESH_PLATFORMS",
     "REMAT",
     "FreshCompileError",
     "autotune_directory",
+    "cannot_run",
     "close_compilers",
     "compile_exported",
     "compile_lowered",
@@ -485,8 +488,53 @@ def _wrapped_compile_or_get_cached(
                 raise
         else:
             if recorded is not None:
-                recorded.append((int(found["peak"]), int(found["argument"]), bool(found.get("rematerialized"))))
+                why = cannot_run(found, devices.flat[0])
+                peak, arguments, remat = int(found["peak"]), int(found["argument"]), bool(found.get("rematerialized"))
+                recorded.append(CompiledProgram(peak, arguments, remat, why is not None))
+                if why is not None:
+                    raise _refusal()(why)
     return _original[0](backend, computation, devices, compile_options, host_callbacks, *rest, **kw)
+
+
+def cannot_run(found: dict[str, Any], device: Any) -> str | None:
+    """Why a compiled program (its ``figures``) cannot run on ``device`` now, as an out-of-memory message;
+    None where it may. Certain only: what its peak adds to the bytes in use (its arguments are in use
+    already, or counted as if) passes the pool's limit, or its temporaries, one buffer, are larger than
+    the largest free block and the room for a new region alike."""
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # a device without figures: nothing known against it
+        return None
+    limit, in_use = stats.get("bytes_limit"), stats.get("bytes_in_use")
+    if not limit or in_use is None:
+        return None
+    need = int(found["peak"]) + max(0, int(in_use) - int(found["argument"]))
+    block, pool = stats.get("largest_free_block_bytes"), stats.get("pool_bytes")
+    room = None if block is None or pool is None else max(int(block), int(limit) - int(pool))
+    if need <= limit and (room is None or int(found["temp"]) <= room):
+        return None
+    return (
+        f"RESOURCE_EXHAUSTED: Out of memory while trying to allocate {int(found['temp'])} bytes (sized by unimem "
+        f"before it ran: not run): the compiled program's peak with what is in use, {need} bytes, or its "
+        f"temporaries against the largest buffer the pool can hand out ({room} bytes), pass the pool's limit of "
+        f"{int(limit)} bytes"
+    )
+
+
+_refusals: list[type[BaseException]] = []
+
+
+def _refusal() -> type[BaseException]:
+    """JAX's own out-of-memory error class, for a program refused before it ran: every handler of JAX's
+    errors (the batch search's, a user's) takes it as the out-of-memory error it would have been."""
+    if not _refusals:
+        import jax
+
+        class SizedOutOfMemory(jax.errors.JaxRuntimeError):  # type: ignore[misc, name-defined]
+            """A program that cannot fit, refused before it ran (nothing allocated, nothing kept)."""
+
+        _refusals.append(SizedOutOfMemory)
+    return _refusals[0]
 
 
 def _compile_elsewhere(computation: Any, devices: Any, compile_options: Any, host_callbacks: Any) -> dict[str, Any]:
@@ -524,18 +572,20 @@ def _wrap() -> None:
 
 
 @contextlib.contextmanager
-def compiled_during_call() -> Iterator[tuple[list[tuple[int, int, bool]], str] | None]:
+def compiled_during_call() -> Iterator[tuple[list[CompiledProgram], str] | None]:
     """Every program this thread compiles inside is compiled in a fresh process into the persistent
     compilation cache and loaded here (no autotuning here, no region taken), as ``compile_through_cache``
-    does for one step: a call of the user's step sized as it runs. Yields the list it fills with each
-    program's ``(peak, arguments)`` bytes and whether XLA rematerialized it, and the cache's directory;
+    does for one step: a call of the user's step sized as it runs. A program that cannot fit
+    (``cannot_run``) is refused with JAX's out-of-memory error before it runs: a failed execution would
+    take seconds and keep its outputs for the life of the process. Yields the list it fills with each
+    program (``CompiledProgram``), and the cache's directory;
     None where the cache cannot serve (then nothing changes)."""
     directory = persistent_cache_directory()
     if directory is None:
         yield None
         return
     _wrap()
-    recorded: list[tuple[int, int, bool]] = []
+    recorded: list[CompiledProgram] = []
     _local.recorded = recorded
     try:
         yield recorded, directory

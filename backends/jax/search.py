@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from unimem.backends.base import Search
+from unimem.backends.base import CompiledProgram, Search
 from unimem.backends.jax._fresh_compile import (
     AUTOTUNE_FLAG,
     FRESH_PLATFORMS,
@@ -182,7 +182,7 @@ class JaxSearch(Search):
         _grow_pool(max((1 << (adds - 1).bit_length()) // 2 + 1, adds - slack), device)
 
     @contextlib.contextmanager
-    def search_compiled_call(self) -> Iterator[list[tuple[int, int, bool]] | None]:
+    def search_compiled_call(self) -> Iterator[list[CompiledProgram] | None]:
         """On a pool grown on demand, every program a measured call compiles is compiled in a fresh process
         into the persistent compilation cache and loaded here (``compiled_during_call``): its autotuning
         takes no region of this pool, and its figures give the call's peak where XLA's cannot (a peak is

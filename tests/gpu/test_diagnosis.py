@@ -235,9 +235,9 @@ R["after"] = {"compiled_here": list(compiled_here), "loaded_here": len(loaded_he
 emit()
 """
 
-# The same model and step searched without lower=: each call sized as it runs.
-JAX_SEARCH_MEASURED = JAX_SEARCH_LOWERED.replace("lower=lower, ", "")
-assert JAX_SEARCH_MEASURED != JAX_SEARCH_LOWERED
+# The same model and step searched without lower=, on the whole GPU: each call sized as it runs.
+JAX_SEARCH_MEASURED = JAX_SEARCH_LOWERED.replace("lower=lower, ", "").replace(', limit="8GiB"', "")
+assert JAX_SEARCH_MEASURED.count("lower=") == 0 and "8GiB" not in JAX_SEARCH_MEASURED
 
 
 @pytest.mark.covers("torch:oom", "torch:fragmentation")
@@ -407,9 +407,13 @@ def test_jax_search_without_lower_on_a_growing_pool_sizes_each_call_as_it_runs(s
     )
     # What each call compiled was compiled in a fresh process and loaded: none of the step's compiled here.
     assert r["compiled_here"] == [] and r["fresh"], r
-    # One region of all the room after the first call sized: no call ran out of memory, every call's
-    # peak was read (from the compiled program where XLA's peak hid it), in at most six calls.
-    assert search["failed_calls"] == 0 and search["converged"] and search["step_calls"] <= 6, search
-    assert all(t["peak"] for t in trials if t["fits"]), trials
+    # One region of all the room after the first call sized; every call's peak read (from the compiled
+    # program where XLA's peak hid it); a call that could not fit refused before it ran (nothing kept),
+    # a rematerialized one taken as past the answer; at most six calls, two of them failed.
+    assert search["converged"] and search["step_calls"] <= 6 and search["failed_calls"] <= 2, search
+    assert all(t["peak"] for t in trials[1:] if t["fits"]), trials
+    failed = [t for t in trials if not t["fits"] and "rematerialized" not in t["error"]]
+    assert all("not run" in t["error"] and (t["kept"] or 0) < 64 << 20 for t in failed), failed
+    assert search["batch_size"] >= 1_900_000, search  # the H200's measured answers: 2.05M to 2.17M
     # The answer runs in this process: training's first step loads it (the search dropped its executables).
     assert r["after"]["compiled_here"] == [], r["after"]

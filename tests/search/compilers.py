@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 from device_view import no_collection, show_a_device
+from unimem.backends.base import CompiledProgram
 from unimem.backends.jax import search as jax_search
 
 import unimem
@@ -218,6 +219,7 @@ class Device:
     # Each size a call compiles is compiled in a fresh process and sized as the call runs (set
     # ``autotune`` 0 with it: nothing is autotuned here).
     elsewhere: bool = False
+    refused: list[int] = field(default_factory=list)  # sizes refused before they ran (``elsewhere``)
     regions: list[int] = field(default_factory=list)  # the pool's free regions beside its first piece
     pool: int = 0
     block: int = 0  # the first piece's free block
@@ -307,6 +309,11 @@ class Device:
     def step(self, n: int) -> None:
         self.compile(n)  # the step's own compilation where the search's did not serve it
         c = self.compiler
+        if self.elsewhere and (c.peak(n) + self.kept > c.limit or c.temp(n) > self.room):
+            # Sized before it ran, and refused: no run, nothing kept (``_fresh_compile.cannot_run``).
+            self.calls.append((n, False))
+            self.refused.append(n)
+            raise MemoryError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate (sized: not run)")
         ok = c.peak(n) + self.kept <= c.limit and self.take_call(n)
         self.calls.append((n, ok))
         if not ok:
@@ -390,7 +397,7 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Simulated:
             d.peak = max(d.peak, d.compiler.held + d.kept + nbytes)
 
     @contextlib.contextmanager
-    def compiled_call() -> Iterator[list[tuple[int, int, bool]] | None]:
+    def compiled_call() -> Iterator[list[CompiledProgram] | None]:
         d = current.device
         if d is None or not d.elsewhere:
             yield None
@@ -400,7 +407,10 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Simulated:
             yield recorded
         finally:
             c = d.compiler
-            recorded += [(c.peak(n), c.args(n), c.rematerialized(n)) for n in d.compilations[first:]]
+            recorded += [
+                CompiledProgram(c.peak(n), c.args(n), c.rematerialized(n), n in d.refused)
+                for n in d.compilations[first:]
+            ]
 
     monkeypatch.setattr(jax_search, "_grow_pool", grow_pool)
     monkeypatch.setattr(jax.search, "search_compiled_call", compiled_call)

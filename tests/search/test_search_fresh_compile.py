@@ -227,6 +227,19 @@ figures["callback"] = {"value": doubled, "compiled_here": compiled_here[-1:]}
 compiled_here.clear()
 step(2048)  # outside: compiled here as JAX does
 figures["outside"] = len(compiled_here)
+# A program that cannot fit is refused before it runs, with JAX's own out-of-memory error.
+from unimem.diagnose.recognise import find_oom
+def refuse(found, device):
+    return f"RESOURCE_EXHAUSTED: Out of memory while trying to allocate {found['temp']} bytes (sized: not run)"
+_fresh_compile.cannot_run = refuse
+with _fresh_compile.compiled_during_call() as served:
+    try:
+        step(1024)
+        figures["refused"] = None
+    except Exception as exc:
+        figures["refused"] = {"oom": find_oom(exc) is not None, "text": str(exc),
+                              "jax_error": isinstance(exc, jax.errors.JaxRuntimeError),
+                              "recorded": [list(p) for p in served[0]]}
 executable = train.lower(w, jnp.ones((8, 128))).compile().runtime_executable()
 figures["remat_read"] = _fresh_compile._executable_figures(executable, "cpu")["rematerialized"]
 emit(figures)
@@ -240,10 +253,13 @@ def test_a_call_sized_as_it_runs_compiles_nothing_here_and_reads_its_figures(nee
     r = pyjson(_CALL)
     assert r["inside"] == [] and r["loaded"] >= 1, r  # the step's program loaded, not compiled here
     programs = r["recorded"]  # the batch's own small programs, and the step
-    peak, arguments, rematerialized = max(programs)
+    peak, arguments, rematerialized, refused = max(programs)
     assert peak >= 4096 * 128 * 4 + 128 * 128 * 4 and arguments >= 4096 * 128 * 4, programs
-    assert rematerialized is False
+    assert rematerialized is False and refused is False
     assert r["same"], "the loaded program computes what JAX's own does"
     assert r["callback"] == {"value": 6.0, "compiled_here": ["jit(noisy)"]}, r["callback"]
     assert r["outside"] == 1  # outside the context nothing changes
     assert r["remat_read"] is False  # read from the executable's text, not unknown
+    refused = r["refused"]
+    assert refused["oom"] and refused["jax_error"] and "not run" in refused["text"], refused
+    assert refused["recorded"][0][3] is True  # the first program the call compiled, refused: nothing ran

@@ -14,6 +14,15 @@ from dataclasses import dataclass, field
 from unimem.search.result import Trial
 from unimem.search.rules import fit, median
 
+# How a trial whose compiled program was rematerialized is recorded (it ran, but slower than the size's own).
+REMATERIALIZED = "the compiler rematerialized the step"
+
+
+def slower(trial: Trial) -> bool:
+    """Whether the trial ran a program the compiler rematerialized: past the answer, though it fit."""
+    return (trial.error or "").startswith(REMATERIALIZED)
+
+
 __all__ = [
     "Findings",
     "bracket",
@@ -108,7 +117,9 @@ def record(
             findings.points.append((size, peak))
     else:
         findings.bad = size if findings.bad is None else min(findings.bad, size)
-        if findings.last_safe is not None and size <= findings.last_safe:
+        if slower(trial):  # it fit: the peaks and the line through them stand
+            pass
+        elif findings.last_safe is not None and size <= findings.last_safe:
             findings.sure_refuted = True
         if findings.last_predicted is not None and size <= findings.last_predicted:
             findings.line_refuted_at = len(findings.points)

@@ -24,7 +24,7 @@ from unimem.memory_stats import MemoryStats
 from unimem.search.rules import SATURATION_CAUSE
 
 if TYPE_CHECKING:
-    from unimem.backends.base import Backend, KeyValueStore
+    from unimem.backends.base import Backend, CompiledProgram, KeyValueStore
     from unimem.search.settings import Settings
 
 __all__ = [
@@ -137,7 +137,7 @@ class Framework:
         if snapshot.limit is not None and snapshot.reserved is not None and snapshot.limit > snapshot.reserved:
             self.adapter.search.search_make_room(snapshot, snapshot.limit - snapshot.reserved, self.device)
 
-    def compiled_call(self) -> contextlib.AbstractContextManager[list[tuple[int, int, bool]] | None]:
+    def compiled_call(self) -> contextlib.AbstractContextManager[list[CompiledProgram] | None]:
         """The context a measured call runs in (``search_compiled_call``): the ``(peak, arguments)`` bytes
         of each program compiled elsewhere during it, or None."""
         if self.adapter is None:

@@ -13,7 +13,7 @@ from unimem.search.limit import bytes_of
 from unimem.search.predictions import place, start_after_placed_failure
 from unimem.search.regimes import Evidence, next_size
 from unimem.search.rules import knee, plateau_ratio, predict, safe_size, stalled
-from unimem.search.state import Run, grows_in_regions, reread_capacity, upper_bound
+from unimem.search.state import Run, grows_in_regions, remat_limit, reread_capacity, upper_bound
 
 __all__ = ["call_budget", "choose", "evidence", "is_converged"]
 
@@ -53,6 +53,9 @@ def evidence(run: Run, filled_room: bool = False) -> Evidence:
     # What failed trials kept for good is lost to every later trial (peaks measured after
     # it include it too: both err on the safe side).
     usable = None if limit is None else limit - found.overhead - found.kept_total
+    rematerializing = remat_limit(run)
+    if usable is not None and rematerializing is not None:
+        usable = min(usable, rematerializing)
     refuted = found.line_refuted_at is not None and len(found.points) <= found.line_refuted_at
     # A failure refuted the sure bound while the peaks follow a line: the capacity lies under
     # the limit, and the answer nearer the failure than ``good``.

@@ -15,7 +15,8 @@ from unimem.diagnose.guard import find_oom
 from unimem.errors import ConfigError, OutOfMemory, SearchError, UnimemWarning
 from unimem.search.agreement import agree
 from unimem.search.attempt import attempt, tell_ranks
-from unimem.search.findings import bracket, figures_known, record
+from unimem.search.findings import REMATERIALIZED, bracket, figures_known, record
+from unimem.search.findings import slower as ran_slower
 from unimem.search.framework import trial_context
 from unimem.search.leak import Reading, growth, leak_text
 from unimem.search.limit import bytes_of, passed
@@ -43,8 +44,6 @@ __all__ = ["clock", "run_search"]
 
 # The clock every trial is timed with (the simulated searches in the tests advance their own).
 clock = time.perf_counter
-# How a trial whose compiled program was rematerialized is recorded (it ran, but not at the size's speed).
-REMATERIALIZED = "the compiler rematerialized the step"
 
 
 def _call(step: Callable[[int], Any], run: Run, size: int, kind: str) -> tuple[Outcome, BaseException | None]:
@@ -64,7 +63,7 @@ def _call(step: Callable[[int], Any], run: Run, size: int, kind: str) -> tuple[O
     seconds = clock() - t0
     peak, peak_reserved, overhead = _read_peak(run, size, kind) if error is None else (None, None, None)
     if compiled:
-        calls.compiled[size] = max(compiled)
+        calls.compiled[size] = max(compiled)._replace(refused=any(program.refused for program in compiled))
     peak, slower = _as_compiled(run, size, in_use, peak) if error is None else (peak, False)
     if slower:
         error = f"{REMATERIALIZED} at batch size {size}: it recomputes to fit, and runs slower"
@@ -93,10 +92,9 @@ def _as_compiled(run: Run, size: int, in_use: int | None, peak: int | None) -> t
     program = run.calls.compiled.get(size)
     if program is None:
         return peak, False
-    compiled, arguments, rematerialized = program
     if peak is None and in_use is not None:
-        peak = compiled + max(0, in_use - arguments)
-    return peak, rematerialized
+        peak = program.peak + max(0, in_use - program.arguments)
+    return peak, program.rematerialized
 
 
 def _trial(step: Callable[[int], Any], run: Run, size: int, reason: str) -> None:
@@ -301,7 +299,7 @@ def _finish(step: Callable[[int], Any], run: Run, converged: bool, began: float)
 
 def _slower_note(run: Run) -> list[str]:
     """Where a measured call's compiled program was rematerialized: the smallest such size (none: no note)."""
-    slower = sorted(t.batch_size for t in run.findings.trials if (t.error or "").startswith(REMATERIALIZED))
+    slower = sorted(t.batch_size for t in run.findings.trials if ran_slower(t))
     if not slower:
         return []
     return [
@@ -396,8 +394,14 @@ def _failed_after(run: Run) -> bool:
     """Whether a trial failed after the answer last ran."""
     ran_at = max(i for i, t in enumerate(run.findings.trials) if t.fits and t.batch_size == run.findings.good)
     later = run.findings.trials[ran_at + 1 :]
-    # A rematerialized call ran: it changed nothing of what fits.
-    return not all(t.fits or (t.error or "").startswith(REMATERIALIZED) for t in later)
+    return not all(t.fits or _changed_nothing(run, t) for t in later)
+
+
+def _changed_nothing(run: Run, trial: Trial) -> bool:
+    """Whether a trial that did not fit changed nothing of what fits: its rematerialized program ran, or
+    its program was refused before it ran (``CompiledProgram.refused``)."""
+    program = run.calls.compiled.get(trial.batch_size)
+    return ran_slower(trial) or (program is not None and program.refused)
 
 
 def _kept_note(run: Run) -> str | None:

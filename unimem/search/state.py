@@ -26,6 +26,7 @@ from unimem.search.scale import Scale
 from unimem.search.settings import Settings, measured
 
 if TYPE_CHECKING:
+    from unimem.backends.base import CompiledProgram
     from unimem.search.ranks import Ranks
 
 __all__ = [
@@ -68,9 +69,9 @@ class Calls:
     last_oom: BaseException | None = None  # the last trial's out-of-memory error, for a report when 1 failed
     elapsed: float | None = None  # over ranks: the longest any rank has searched, as of the last agreement
     out_of_time: bool = False  # time_limit= passed before the answer was within the margin
-    # Per size, the (peak, arguments) bytes of the largest program a call of it compiled elsewhere
-    # (``Framework.compiled_call``): its peak where the framework's reads none.
-    compiled: dict[int, tuple[int, int, bool]] = field(default_factory=dict)
+    # Per size, the largest program a call of it compiled elsewhere (``Framework.compiled_call``): its
+    # peak where the framework's reads none, whether it was rematerialized or refused.
+    compiled: dict[int, CompiledProgram] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,16 +102,19 @@ def take_snapshot(run: Run) -> MemoryStats | None:
 def capacity_of(run: Run, snapshot: MemoryStats | None) -> int | None:
     """Bytes the measured peak may reach, as the framework reads its snapshot (its cap by
     default). With predictions and a largest buffer the allocator can hand out, the cap: the
-    pool's pieces are then held against each size's largest buffer (``Scale.room``). Once a call's
-    compiled program was rematerialized, no more than the share of the pool's limit past which the
-    compiler does so (``Framework.remat_share``): the sizes above it run, but slower."""
-    capacity = run.framework.capacity(snapshot, run.scale is not None and bool(run.scale.largest))
-    share = run.framework.remat_share
-    if capacity is None or share is None or snapshot is None or snapshot.limit is None:
-        return capacity
-    if any(program[2] for program in run.calls.compiled.values()):
-        return min(capacity, int(share * snapshot.limit))
-    return capacity
+    pool's pieces are then held against each size's largest buffer (``Scale.room``)."""
+    return run.framework.capacity(snapshot, run.scale is not None and bool(run.scale.largest))
+
+
+def remat_limit(run: Run) -> int | None:
+    """Once a measured call's compiled program was rematerialized: the bytes past which the compiler does
+    so, the framework's share of its pool's limit (``Framework.remat_share``), which the next sizes are
+    placed under (sizes above it run, but slower). None before, or where unknown. Only a placement: what
+    fits is still held to the capacity."""
+    share, before = run.framework.remat_share, run.start.before
+    if share is None or before is None or before.limit is None:
+        return None
+    return int(share * before.limit) if any(program.rematerialized for program in run.calls.compiled.values()) else None
 
 
 def room_of(run: Run, snapshot: MemoryStats | None) -> int | None:
