@@ -1,7 +1,7 @@
 """Run the GPU suite and write ``evidence/gpu.json`` (run it on the GPU machine).
 
     python tests/gpu/run_suite.py [--out evidence/gpu.json] [--machine TEXT] [--part N] [-- PYTEST ARGS]
-    python tests/gpu/run_suite.py --merge PART1.json PART2.json [--out evidence/gpu.json]
+    python tests/gpu/run_suite.py --merge PART1.json PART2.json [--rerun FAILED.json] [--out evidence/gpu.json]
 
 pytest runs in a subprocess with ``UNIMEM_REQUIRE_GPU=1`` (a missing GPU fails rather
 than skips); the suite's conftest writes each test's outcome, covers and figures, and
@@ -17,7 +17,8 @@ this script adds the machine, driver and versions. The schema, which
 The whole suite takes longer than one call on the GPU machine may run, so ``--part 1`` and
 ``--part 2`` each run half of its files, and ``--merge`` joins the halves into one evidence
 file, refusing halves from different machines, versions or days (one run's evidence, not a
-collage). Each test's entry also holds its ``seconds``, which is how the halves were drawn.
+collage). ``--rerun`` puts a later run of tests that failed in their place, each entry marked
+``"rerun": true``. Each test's entry also holds its ``seconds``, which is how the halves were drawn.
 
 Without a GPU it runs nothing and exits 0 with a note, unless ``--allow-no-gpu`` (then
 every test is reported skipped; the evidence file is written only when ``--out`` names it).
@@ -150,6 +151,24 @@ def merge(paths: list[Path]) -> dict[str, Any]:
     return merged
 
 
+def rerun(merged: dict[str, Any], again: dict[str, Any]) -> None:
+    """Replace tests that failed in ``merged`` by a later run of them (same machine, versions and day):
+    each replaced entry says so (``rerun``) and the command names both runs. A test that passed is
+    never replaced, and a test that was not in the halves is refused."""
+    differ = [key for key in SAME_RUN if again.get(key) != merged.get(key)]
+    if differ:
+        raise SystemExit(f"run_suite: the rerun is not of the same machine and day: {', '.join(differ)} differ")
+    tests = {test["nodeid"]: i for i, test in enumerate(merged["tests"])}
+    for test in again["tests"]:
+        at = tests.get(test["nodeid"])
+        if at is None:
+            raise SystemExit(f"run_suite: {test['nodeid']} was rerun but is in neither half")
+        if merged["tests"][at]["outcome"] != "failed":
+            raise SystemExit(f"run_suite: {test['nodeid']} did not fail: a rerun replaces failed tests only")
+        merged["tests"][at] = {**test, "rerun": True}
+    merged["command"] += " && (rerun) " + again["command"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help=f"evidence file (default {DEFAULT_OUT})")
@@ -157,12 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-no-gpu", action="store_true", help="run (and skip) without a GPU")
     parser.add_argument("--part", type=int, default=None, help=f"run one half of the suite: {sorted(PARTS)}")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, help="join halves' evidence files")
+    parser.add_argument(
+        "--rerun", type=Path, default=None, help="with --merge: a later run of failed tests, which replaces them"
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
     args = parser.parse_args(argv)
 
     if args.merge:
         out_path: Path = args.out or DEFAULT_OUT
         merged = merge(args.merge)
+        if args.rerun is not None:
+            rerun(merged, json.loads(args.rerun.read_text()))
         out_path.write_text(json.dumps(merged, indent=2) + "\n")
         outcomes = [test["outcome"] for test in merged["tests"]]
         print(f"run_suite: wrote {out_path}: {outcomes.count('passed')} of {len(outcomes)} passed")

@@ -414,6 +414,9 @@ def test_jax_search_without_lower_on_a_growing_pool_sizes_each_call_as_it_runs(s
     assert all(t["peak"] for t in trials[1:] if t["fits"]), trials
     failed = [t for t in trials if not t["fits"] and "rematerialized" not in t["error"]]
     assert all("not run" in t["error"] and (t["kept"] or 0) < 64 << 20 for t in failed), failed
-    assert search["batch_size"] >= 1_900_000, search  # the H200's measured answers: 2.05M to 2.17M
+    # The answer's temporaries lie in the one region: past the 64 GiB a region of a middle size's own held
+    # the searches before it to (on an H200, 1475146 at most for a model like this one).
+    answer = max(t["peak"] for t in trials if t["fits"] and t["batch_size"] == search["batch_size"])
+    assert answer > 64 << 30, trials
     # The answer runs in this process: training's first step loads it (the search dropped its executables).
     assert r["after"]["compiled_here"] == [], r["after"]
