@@ -98,12 +98,18 @@ class FreshCompileError(RuntimeError):
 
 
 def figures(compiled: Any) -> dict[str, Any]:
-    """The peak of a compiled step and XLA's memory-analysis fields, as plain data."""
+    """The peak of a compiled step, XLA's memory-analysis fields and whether XLA rematerialized it, as
+    plain data."""
     analysis = compiled.memory_analysis()
     fields = ("argument", "output", "alias", "temp", "generated_code")
     found: dict[str, Any] = {name: int(getattr(analysis, f"{name}_size_in_bytes", 0) or 0) for name in fields}
     found["platform"] = platform(compiled)
     found["peak"] = peak_of(analysis, found["platform"])
+    try:
+        text = compiled.as_text()
+    except Exception:  # a stage without its compiled text (an older JAX): not known
+        text = None
+    found["rematerialized"] = REMAT.search(text) is not None if isinstance(text, str) and text else None
     return found
 
 
