@@ -536,7 +536,7 @@ def _refusal() -> type[BaseException]:
     if not _refusals:
         import jax
 
-        class SizedOutOfMemory(jax.errors.JaxRuntimeError):  # type: ignore[misc, name-defined]
+        class SizedOutOfMemory(jax.errors.JaxRuntimeError):
             """A program that cannot fit, refused before it ran (nothing allocated, nothing kept)."""
 
         _refusals.append(SizedOutOfMemory)
