@@ -7,7 +7,7 @@ On a GPU whose pool grows on demand a lowered step is compiled for its figures i
 none of this process's pool, nothing compiles here, and the program sized is the program that runs
 (where the cache cannot serve, its kernel choices are loaded here instead). Before a predicted call,
 the pool is grown by one region for all the call adds (``search_make_room``). Without ``lower=`` the
-calls themselves are sized so as they run (``search_compiled_call``): what a call compiles is compiled
+calls themselves are sized as they run (``search_compiled_call``): what a call compiles is compiled
 in a fresh process and its figures read before it runs, a program that cannot fit refused then."""
 
 from __future__ import annotations
