@@ -117,29 +117,24 @@ class Framework:
         """What the framework says of the search that just ended (none where no framework's)."""
         return [] if self.adapter is None else self.adapter.search.search_notes()
 
-    def make_room(self, peak: int) -> None:
+    def make_room(self, peak: int | None = None) -> None:
         """Before a call predicted to reach ``peak`` bytes: one region that holds what it adds to the bytes
-        in use, in a pool grown in regions (``search_make_room``); nothing elsewhere. One reading of the
-        framework's figures, without NVML's."""
+        in use; without ``peak``, one region of all the room left under the limit (every later call's
+        buffers are then cut from one piece). In a pool grown in regions (``search_make_room``); nothing
+        elsewhere. One reading of the framework's figures, without NVML's."""
         if self.adapter is None:
             return
         snapshot = self.adapter.stats(self.device, nvml=False)
-        if snapshot.allocated is not None and peak > snapshot.allocated:
-            self.adapter.search.search_make_room(snapshot, peak - snapshot.allocated, self.device)
-
-    def make_room_for_all(self) -> None:
-        """One region of all the room left under the limit, in a pool grown in regions (``search_make_room``
-        asked for all of it): every later call's buffers are then cut from one piece. One reading of the
-        framework's figures, without NVML's."""
-        if self.adapter is None:
-            return
-        snapshot = self.adapter.stats(self.device, nvml=False)
-        if snapshot.limit is not None and snapshot.reserved is not None and snapshot.limit > snapshot.reserved:
-            self.adapter.search.search_make_room(snapshot, snapshot.limit - snapshot.reserved, self.device)
+        if peak is None:
+            adds = None if snapshot.limit is None or snapshot.reserved is None else snapshot.limit - snapshot.reserved
+        else:
+            adds = None if snapshot.allocated is None else peak - snapshot.allocated
+        if adds is not None and adds > 0:
+            self.adapter.search.search_make_room(snapshot, adds, self.device)
 
     def compiled_call(self) -> contextlib.AbstractContextManager[list[CompiledProgram] | None]:
-        """The context a measured call runs in (``search_compiled_call``): the ``(peak, arguments)`` bytes
-        of each program compiled elsewhere during it, or None."""
+        """The context a measured call runs in (``search_compiled_call``): each program compiled elsewhere
+        during it (``CompiledProgram``), or None."""
         if self.adapter is None:
             return contextlib.nullcontext(None)
         return self.adapter.search.search_compiled_call()

@@ -105,7 +105,7 @@ def _trial(step: Callable[[int], Any], run: Run, size: int, reason: str) -> None
     predicted = predicted_peak(run, size)
     make_room(run, predicted)
     if predicted is None and run.calls.compiled and grows_in_regions(run):
-        run.framework.make_room_for_all()
+        run.framework.make_room()
     kept_before = run.findings.kept_total
     agreed, run.calls.last_oom = _call(step, run, size, "trial")
     fits, peak = agreed.error is None, agreed.peak
